@@ -1,0 +1,134 @@
+"""Run configuration shared by every engine (full and reduced) and learner."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .instance import Instance, build_instance
+
+__all__ = ["RunConfig", "ConfigError", "LEARNERS", "ENGINES", "INITS", "CHECKPOINT_SPACINGS"]
+
+LEARNERS = ("finetune",)
+ENGINES = ("full", "reduced", "auto")
+INITS = ("uniform", "aligned")
+CHECKPOINT_SPACINGS = ("log", "linear")
+
+
+class ConfigError(ValueError):
+    """An invalid run configuration; the message names the field."""
+
+    def __init__(self, field_name: str, problem: str):
+        super().__init__(f"run config: '{field_name}': {problem}")
+        self.field = field_name
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a batch of R independent online-SGD runs.
+
+    Fields
+    ------
+    instance : the instance spec dict (see ``dynamics.instance``); resolved per run.
+    learner : learner name (``finetune``; more in later learners).
+    eta : step size η for û (eq. 4). eta_c : step size for ĉ when ``joint_c`` (default η).
+    steps : horizon T (number of SGD steps). runs : R, the leading run axis.
+    seed : master seed; run r uses streams derived from (seed, r).
+    instance_seeds : ``shared`` (one instance for all runs, from the spec's seed) or
+        ``per_run`` (run r's instance uses spec seed + r: c, ĉ, random W differ per run).
+    xi_values : optional list of ξ; runs are split into equal consecutive blocks, one per ξ.
+    joint_c : train ĉ jointly (plain SGD) instead of freezing it.
+    project : apply Π onto span(W)^⊥ to the gradient (eq. 4); False = unprojected variant.
+    batch : mini-batch size b (1 = online SGD). label_noise : variance of additive label noise.
+    init : ``uniform`` on the sphere of span(W)^⊥, or ``aligned`` (m₀·h(0) > 0, Thm 11-13).
+    checkpoints : number of checkpoints; spacing : ``log`` or ``linear``.
+    dtype : ``float64`` (default) or ``float32``; device : ``cpu``, ``cuda`` or ``auto``.
+    engine : ``full``, ``reduced`` or ``auto``.
+    """
+
+    instance: dict
+    learner: str = "finetune"
+    eta: float = 1e-3
+    eta_c: float | None = None
+    steps: int = 10_000
+    runs: int = 8
+    seed: int = 0
+    instance_seeds: str = "shared"
+    xi_values: list[float] | None = None
+    joint_c: bool = False
+    project: bool = True
+    batch: int = 1
+    label_noise: float = 0.0
+    init: str = "uniform"
+    checkpoints: int = 60
+    spacing: str = "log"
+    dtype: str = "float64"
+    device: str = "cpu"
+    engine: str = "full"
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> RunConfig:
+        """Check every field; raise :class:`ConfigError` naming the first bad one."""
+        if self.learner not in LEARNERS:
+            raise ConfigError("learner", f"unknown learner {self.learner!r}; valid: "
+                                         f"{', '.join(LEARNERS)}")
+        for name in ("eta",) + (("eta_c",) if self.eta_c is not None else ()):
+            val = getattr(self, name)
+            if not isinstance(val, (int, float)) or not math.isfinite(val) or val <= 0:
+                raise ConfigError(name, f"must be a finite number > 0, got {val!r}")
+        for name in ("steps", "runs", "batch", "checkpoints"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
+                raise ConfigError(name, f"must be a positive integer, got {val!r}")
+        if not math.isfinite(self.label_noise) or self.label_noise < 0:
+            raise ConfigError("label_noise", f"must be ≥ 0, got {self.label_noise}")
+        for name, valid in (("init", INITS), ("spacing", CHECKPOINT_SPACINGS),
+                            ("engine", ENGINES), ("instance_seeds", ("shared", "per_run")),
+                            ("dtype", ("float64", "float32")),
+                            ("device", ("cpu", "cuda", "auto"))):
+            if getattr(self, name) not in valid:
+                raise ConfigError(name, f"must be one of {', '.join(valid)}, "
+                                        f"got {getattr(self, name)!r}")
+        if self.xi_values is not None:
+            if not self.xi_values or any(x < 0 for x in self.xi_values):
+                raise ConfigError("xi_values", "must be a non-empty list of ξ ≥ 0")
+            if self.runs % len(self.xi_values):
+                raise ConfigError("runs", f"{self.runs} runs cannot be split evenly over "
+                                          f"{len(self.xi_values)} values of ξ")
+        base = build_instance(self.instance)  # raises SpecError naming the key
+        if base.d is None:
+            raise ConfigError("instance", "key 'd' is required to simulate")
+        return self
+
+    @property
+    def step_size_c(self) -> float:
+        return self.eta if self.eta_c is None else self.eta_c
+
+    def run_instances(self) -> list[Instance]:
+        """The instance of every run (length R), honouring instance_seeds and xi_values."""
+        out = []
+        per_xi = self.runs // len(self.xi_values) if self.xi_values else self.runs
+        base_seed = int(self.instance.get("seed", 0) or 0)
+        cache: dict = {}
+        for r in range(self.runs):
+            spec = dict(self.instance)
+            if self.instance_seeds == "per_run":
+                spec["seed"] = base_seed + r
+            if self.xi_values:
+                spec["xi"] = float(self.xi_values[r // per_xi])
+            key = (spec.get("seed"), spec.get("xi"))
+            if key not in cache:
+                cache[key] = build_instance(spec)
+            out.append(cache[key])
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown field; valid: {', '.join(sorted(known))}")
+        return cls(**data)
