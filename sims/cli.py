@@ -26,10 +26,25 @@ def cli():
     """loradyn: gradient dynamics of low-rank (LoRA-style) fine-tuning."""
 
 
-def _register():
-    from .hermite_cmd import hermite
+COMMANDS = (
+    ("hermite_cmd", "hermite"),
+    ("run_cmd", "run"),
+    ("show_cmd", "show"),
+    ("bench", "bench"),
+)
 
-    cli.add_command(hermite)
+
+def _register():
+    import importlib
+
+    for module, attr in COMMANDS:
+        try:  # TEMPORARY during parallel development; made explicit at integration
+            mod = importlib.import_module(f"sims.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"sims.{module}":
+                raise
+            continue
+        cli.add_command(getattr(mod, attr))
 
 
 _register()
