@@ -1,0 +1,223 @@
+"""Population dynamics of the overlap m = ⟨u, û⟩ (paper §3.1, eq. 6 without noise).
+
+Discrete map (one population gradient step of eq. 4 before normalisation, projected onto
+⟨·, u⟩; u⊥ = ‖Π⊥u‖ = ``instance.u_perp``, 1 when u ⊥ span W):
+
+    m̄_{t+1} = m̄_t + η h(m̄_t) (u⊥² − m̄_t²),
+
+its continuous limit dm/dt = η h(m)(u⊥² − m²), and the hitting time of a level,
+T(level) = ∫_{m₀}^{level} dm / (η h(m)(u⊥² − m²)).
+
+The map is iterated in numba on an :class:`~hermite.table.HTable` (h interpolated to ≤ 1e-10
+relative of the exact h, checked when the table is built), R runs in parallel blocks.
+``method="exact"`` iterates with the exact h instead (numpy, for small problems and tests).
+Outside [−u⊥, u⊥] (a step that overshoots, possible when 2ηu⊥ max|h| > 1) h is evaluated at
+the clipped overlap; the map itself is not clipped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import scipy.integrate
+
+from .gradient import h as h_exact
+from .table import HTable, table_eval
+
+__all__ = ["population_ode", "ode_continuous", "steps_to_reach", "check_steps", "drift_sign"]
+
+_BLOCK = 8
+
+
+def _check_eta(eta) -> float:
+    eta = float(eta)
+    if not math.isfinite(eta) or eta <= 0.0:
+        raise ValueError(f"eta must be a finite number > 0, got {eta:g}")
+    return eta
+
+
+def _check_m0(instance, m0) -> np.ndarray:
+    m0 = np.atleast_1d(np.asarray(m0, dtype=np.float64))
+    if m0.ndim != 1:
+        raise ValueError(f"m0 must be a scalar or a 1-D array, got shape {m0.shape}")
+    u = instance.u_perp
+    if not np.all(np.isfinite(m0)) or np.any(np.abs(m0) > u * (1 + 1e-12)):
+        raise ValueError(f"m0 must lie in [-u_perp, u_perp] = [{-u:.6g}, {u:.6g}]")
+    return m0
+
+
+def check_steps(steps, integer: bool = True) -> np.ndarray:
+    """Checkpoints as a sorted non-negative int64 array (float64 times if not ``integer``)."""
+    arr = np.atleast_1d(np.asarray(steps))
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError("steps must be a non-empty 1-D array of checkpoint steps")
+    try:
+        as_float = arr.astype(np.float64)
+    except (TypeError, ValueError):
+        raise ValueError("steps must be numbers") from None
+    if not np.all(np.isfinite(as_float)):
+        raise ValueError("steps must be finite")
+    if integer and np.any(as_float != np.round(as_float)):
+        raise ValueError("steps must be integers")
+    arr = as_float.astype(np.int64) if integer else as_float
+    if arr.min() < 0:
+        raise ValueError(f"steps must be ≥ 0, got {arr.min()}")
+    if np.any(np.diff(arr) < 0):
+        raise ValueError("steps must be sorted in increasing order")
+    return arr
+
+
+@numba.njit(cache=True, parallel=True)
+def _iterate_table(m0, eta, uperp, tab, n, ckpts):  # pragma: no cover - compiled
+    r_total = m0.size
+    c_total = ckpts.size
+    out = np.empty((r_total, c_total))
+    u2 = uperp * uperp
+    nblk = (r_total + _BLOCK - 1) // _BLOCK
+    for blk in numba.prange(nblk):
+        r0 = blk * _BLOCK
+        r1 = min(r_total, r0 + _BLOCK)
+        nb = r1 - r0
+        m = np.empty(_BLOCK)
+        for r in range(nb):
+            m[r] = m0[r0 + r]
+        t = 0
+        for c in range(c_total):
+            target = ckpts[c]
+            while t < target:
+                for r in range(nb):
+                    x = m[r]
+                    m[r] = x + eta * table_eval(tab, n, uperp, x) * (u2 - x * x)
+                t += 1
+            for r in range(nb):
+                out[r0 + r, c] = m[r]
+    return out
+
+
+def population_ode(instance, eta, m0, steps, c_hat=None, method: str = "table",
+                   table: HTable | None = None) -> np.ndarray:
+    """Iterate m̄_{t+1} = m̄_t + η h(m̄_t)(u⊥² − m̄_t²) from each m₀, record at ``steps``.
+
+    Parameters
+    ----------
+    instance : :class:`dynamics.instance.Instance`.
+    eta : step size η > 0.
+    m0 : (R,) initial overlaps in [−u⊥, u⊥] (a scalar gives R = 1).
+    steps : (C,) sorted non-negative integer checkpoints (0 records m₀).
+    c_hat : student ĉ (default ``instance.c_hat``).
+    method : ``"table"`` (numba on an interpolated h, error ≤ 1e-10·max|h|) or ``"exact"``.
+    table : a prebuilt :class:`HTable` for this instance and ĉ (``"table"`` only; default
+        :meth:`HTable.for_instance`, cached by the instance's values).
+
+    Returns
+    -------
+    (R, C) float64 array of m̄ at the checkpoints.
+    """
+    eta = _check_eta(eta)
+    m0 = _check_m0(instance, m0)
+    ckpts = check_steps(steps)
+    uperp = instance.u_perp
+    if method == "table":
+        tab = table if table is not None else HTable.for_instance(instance, c_hat)
+        return _iterate_table(m0, eta, uperp, tab.table, tab.n, ckpts)
+    if method != "exact":
+        raise ValueError(f"method must be 'table' or 'exact', got {method!r}")
+    out = np.empty((m0.size, ckpts.size))
+    m, t = m0.copy(), 0
+    u2 = uperp * uperp
+    for c, target in enumerate(ckpts):
+        while t < target:
+            m = m + eta * h_exact(instance, np.clip(m, -uperp, uperp), c_hat=c_hat) * (u2 - m * m)
+            t += 1
+        out[:, c] = m
+    return out
+
+
+def ode_continuous(instance, eta, m0, steps, c_hat=None, rtol: float = 1e-10,
+                   atol: float = 1e-13) -> np.ndarray:
+    """Solve dm/dt = η h(m)(u⊥² − m²) (exact h, DOP853) and sample at times t = ``steps``.
+
+    Same arguments and (R, C) output as :func:`population_ode`; t is measured in steps and
+    may be fractional.
+    """
+    eta = _check_eta(eta)
+    m0 = _check_m0(instance, m0)
+    ckpts = check_steps(steps, integer=False)
+    u2 = instance.u_perp**2
+    uperp = instance.u_perp
+
+    def rhs(_t, m):
+        mc = np.clip(m, -uperp, uperp)
+        return eta * h_exact(instance, mc, c_hat=c_hat) * (u2 - mc * mc)
+
+    if ckpts[-1] == 0.0:
+        return np.repeat(m0[:, None], ckpts.size, axis=1)
+    sol = scipy.integrate.solve_ivp(rhs, (0.0, ckpts[-1]), m0, method="DOP853", t_eval=ckpts,
+                                    rtol=rtol, atol=atol)
+    if not sol.success:
+        raise ArithmeticError(f"ode_continuous: solver failed ({sol.message})")
+    return sol.y
+
+
+def drift_sign(instance, m0, c_hat=None) -> int:
+    """Direction of motion of the ODE from m₀: sign(h(m₀)) (0 at a fixed point or |m₀| = u⊥)."""
+    u = instance.u_perp
+    if abs(m0) >= u:
+        return 0
+    return int(np.sign(float(h_exact(instance, m0, c_hat=c_hat))))
+
+
+def steps_to_reach(instance, eta, m0, level, c_hat=None, method: str = "continuous",
+                   max_steps: int = 10**9, table: HTable | None = None) -> float:
+    """Steps for the population dynamics from m₀ to reach the overlap ``level`` (0 < level).
+
+    The 1-D autonomous flow is monotone, moving in the direction s = sign(h(m₀)); the target
+    is s·level and the answer is 0 if s·m₀ ≥ level already. ``inf`` if the trajectory never
+    gets there (level ≥ u⊥, h(m₀) = 0, or h vanishes between m₀ and the target).
+
+    method : ``"continuous"`` — T = ∫ dm / (η h(m)(u⊥² − m²)) by adaptive quadrature with the
+        exact h (a float); ``"discrete"`` — the first t with s·m̄_t ≥ level under the map
+        (an integer-valued float, ``inf`` beyond ``max_steps``).
+    """
+    eta = _check_eta(eta)
+    m0 = float(_check_m0(instance, m0)[0])
+    level = float(level)
+    if not math.isfinite(level) or level <= 0.0:
+        raise ValueError(f"level must be a number > 0, got {level:g}")
+    s = drift_sign(instance, m0, c_hat)
+    if s == 0:
+        return 0.0 if abs(m0) >= level else math.inf
+    if s * m0 >= level:
+        return 0.0
+    if level >= instance.u_perp:
+        return math.inf
+    target = s * level
+    grid = np.linspace(m0, target, 2001)
+    hv = h_exact(instance, grid, c_hat=c_hat)
+    if np.any(np.sign(hv) != s):
+        return math.inf
+    if method == "continuous":
+        u2 = instance.u_perp**2
+
+        def integrand(m):
+            return 1.0 / (eta * float(h_exact(instance, m, c_hat=c_hat)) * (u2 - m * m))
+
+        val, _ = scipy.integrate.quad(integrand, m0, target, epsabs=0.0, epsrel=1e-11, limit=500)
+        return float(abs(val))
+    if method != "discrete":
+        raise ValueError(f"method must be 'continuous' or 'discrete', got {method!r}")
+    tab = table if table is not None else HTable.for_instance(instance, c_hat)
+    t = _first_crossing(m0, eta, instance.u_perp, tab.table, tab.n, target, s, int(max_steps))
+    return math.inf if t < 0 else float(t)
+
+
+@numba.njit(cache=True)
+def _first_crossing(m, eta, uperp, tab, n, target, s, max_steps):  # pragma: no cover
+    u2 = uperp * uperp
+    for t in range(max_steps + 1):
+        if s * m >= s * target:
+            return t
+        m = m + eta * table_eval(tab, n, uperp, m) * (u2 - m * m)
+    return -1

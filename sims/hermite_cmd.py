@@ -1,0 +1,161 @@
+"""``loradyn hermite``: Hermite coefficients, h(m) and the population ODE from the command line.
+
+Library errors (ValueError: bad spec, activation, η, m) surface as one-line ``Error: …`` with
+exit status 1 through the top-level group; option-type errors are click usage errors (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import click
+import numpy as np
+
+__all__ = ["hermite"]
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
+LEVELS = (0.5, 0.9)
+
+
+def _finite_or_none(x):
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _emit(payload: dict, as_json: bool, human) -> None:
+    if as_json:
+        click.echo(json.dumps(payload))
+    else:
+        human(payload)
+
+
+def _load(spec_path):
+    from dynamics.instance import load_instance
+
+    return load_instance(spec_path)
+
+
+@click.group("hermite", context_settings=CONTEXT)
+def hermite():
+    """Exact population theory: μ_p(σ), h(m) (Prop. 4) and the population ODE."""
+
+
+@hermite.command("coeffs")
+@click.option("--activation", "-a", default="relu", help="Activation name (relu, he3, ...).")
+@click.option("--pmax", type=click.IntRange(min=0), default=10, help="Highest Hermite degree.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def coeffs_cmd(activation, pmax, as_json):
+    """Orthonormal Hermite coefficients μ_0..μ_pmax of an activation and Parseval residual."""
+    from dynamics.activations import get_activation
+    from hermite import hermite_coefficients, parseval_residual
+
+    act = get_activation(activation)
+    mu = hermite_coefficients(act, pmax)
+    payload = {"activation": act.name, "pmax": pmax, "mu": mu.tolist(),
+               "closed_form": act.coefficients is not None,
+               "parseval_residual": parseval_residual(act, pmax)}
+
+    def human(p):
+        click.echo(f"activation {p['activation']}  (basis h_p = He_p/sqrt(p!); "
+                   f"{'closed form' if p['closed_form'] else 'quadrature'})")
+        click.echo(f"{'p':>4}  {'mu_p':>22}")
+        for i, v in enumerate(p["mu"]):
+            click.echo(f"{i:>4}  {v:>22.15e}")
+        click.echo(f"parseval residual sum mu_p^2 - E[sigma^2] = {p['parseval_residual']:.3e}")
+
+    _emit(payload, as_json, human)
+
+
+@hermite.command("h")
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--m", "m_values", type=float, multiple=True, required=True,
+              help="Overlap m = <u, u_hat> in [-1, 1] (repeatable).")
+@click.option("--method", type=click.Choice(["exact", "series", "direct"]), default="exact")
+@click.option("--pmax", type=click.IntRange(min=0), default=60,
+              help="Truncation degree for series/direct.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def h_cmd(spec, m_values, method, pmax, as_json):
+    """Evaluate h(m) of Prop. 4 for the instance in SPEC (JSON/TOML)."""
+    import hermite as th
+
+    inst = _load(spec)
+    m = np.asarray(m_values, dtype=float)
+    values = th.h(inst, m, method=method, pmax=pmax)
+    payload = {"m": m.tolist(), "h": values.tolist(), "method": method,
+               "h0_sign": th.h0_sign(inst)}
+    if method != "exact":
+        payload["pmax"] = pmax
+        payload["truncation_bound"] = th.truncation_bound(inst, pmax)
+
+    def human(p):
+        click.echo(f"h(m), method {p['method']}" + (
+            f", pmax {p['pmax']} (|error| <= {p['truncation_bound']:.3e})" if "pmax" in p else ""))
+        click.echo(f"{'m':>10}  {'h(m)':>22}")
+        for mi, hi in zip(p["m"], p["h"], strict=True):
+            click.echo(f"{mi:>10.6g}  {hi:>22.15e}")
+
+    _emit(payload, as_json, human)
+
+
+def _checkpoints(steps: int, count: int) -> np.ndarray:
+    if steps == 0:
+        return np.array([0], dtype=np.int64)
+    pts = np.geomspace(1.0, float(steps), max(2, count)).round().astype(np.int64)
+    return np.unique(np.concatenate([[0], pts, [steps]]))
+
+
+@hermite.command("ode")
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--eta", type=float, required=True, help="Step size eta > 0.")
+@click.option("--steps", type=click.IntRange(min=0), default=100_000, help="Horizon T.")
+@click.option("--m0", "m0_values", type=float, multiple=True,
+              help="Initial overlap(s); default sign(h(0))/sqrt(d) (0.01 without d).")
+@click.option("--checkpoints", type=click.IntRange(min=2), default=40,
+              help="Number of log-spaced checkpoints.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def ode_cmd(spec, eta, steps, m0_values, checkpoints, as_json):
+    """Population-ODE overlap curve m_t and the steps to reach |m| = 0.5 and 0.9."""
+    import hermite as th
+
+    if not math.isfinite(eta) or eta <= 0:
+        raise click.BadParameter(f"must be > 0, got {eta:g}", param_hint="'--eta'")
+    inst = _load(spec)
+    sign = th.h0_sign(inst) or 1
+    if m0_values:
+        m0 = np.asarray(m0_values, dtype=float)
+    else:
+        m0 = np.array([sign / math.sqrt(inst.d) if inst.d else 0.01 * sign])
+    for v in m0:
+        if not abs(v) <= inst.u_perp:
+            raise ValueError(f"m0 must lie in [-u_perp, u_perp] = [{-inst.u_perp:.6g}, "
+                             f"{inst.u_perp:.6g}], got {v:g}")
+    ck = _checkpoints(steps, checkpoints)
+    table = th.HTable.for_instance(inst)
+    curve = th.population_ode(inst, eta, m0, ck, table=table)
+    reach = {}
+    reach_discrete = {}
+    for level in LEVELS:
+        key = f"{level:g}"
+        reach[key] = [_finite_or_none(th.steps_to_reach(inst, eta, v, level)) for v in m0]
+        reach_discrete[key] = [_finite_or_none(th.steps_to_reach(
+            inst, eta, v, level, method="discrete", max_steps=steps, table=table)) for v in m0]
+    payload = {"eta": eta, "steps": ck.tolist(), "m0": m0.tolist(), "m": curve.tolist(),
+               "h0_sign": th.h0_sign(inst), "u_perp": inst.u_perp,
+               "steps_to_reach": reach, "steps_to_reach_discrete": reach_discrete,
+               "table_max_error": table.max_error}
+
+    def human(p):
+        click.echo(f"population ODE  m_(t+1) = m_t + eta h(m_t)(u_perp^2 - m_t^2),  eta = "
+                   f"{p['eta']:g}, sign h(0) = {p['h0_sign']:+d}")
+        header = "".join(f"  {'m0=' + format(v, '+.4g'):<14}" for v in p["m0"])
+        click.echo(f"{'step':>10}{header}")
+        for i, t in enumerate(p["steps"]):
+            click.echo(f"{t:>10d}" + "".join(f"  {row[i]:<+14.8f}" for row in p["m"]))
+        for key in p["steps_to_reach"]:
+            cont = ", ".join("never" if v is None else f"{v:.6g}" for v in p["steps_to_reach"][key])
+            disc = ", ".join("not within horizon" if v is None else f"{v:.0f}"
+                             for v in p["steps_to_reach_discrete"][key])
+            click.echo(f"steps to reach |m| = {key}: continuous {cont}; discrete map {disc}")
+
+    _emit(payload, as_json, human)
