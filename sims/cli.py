@@ -31,6 +31,10 @@ COMMANDS = (
     ("run_cmd", "run"),
     ("show_cmd", "show"),
     ("bench", "bench"),
+    ("sweep_cmd", "sweep"),
+    ("plot_cmd", "plot"),
+    ("scaling_cmd", "scaling"),
+    ("reproduce_cmd", "reproduce"),
 )
 
 
