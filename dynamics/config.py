@@ -44,6 +44,8 @@ class RunConfig:
     checkpoints : number of checkpoints; spacing : ``log`` or ``linear``.
     dtype : ``float64`` (default) or ``float32``; device : ``cpu``, ``cuda`` or ``auto``.
     engine : ``full``, ``reduced`` or ``auto``.
+    eval_size : examples in the fixed Monte Carlo evaluation set of the loss (used where no
+        exact population loss applies: unprojected learner).
     """
 
     instance: dict
@@ -65,6 +67,7 @@ class RunConfig:
     dtype: str = "float64"
     device: str = "cpu"
     engine: str = "full"
+    eval_size: int = 20_000
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> RunConfig:
@@ -76,7 +79,7 @@ class RunConfig:
             val = getattr(self, name)
             if not isinstance(val, (int, float)) or not math.isfinite(val) or val <= 0:
                 raise ConfigError(name, f"must be a finite number > 0, got {val!r}")
-        for name in ("steps", "runs", "batch", "checkpoints"):
+        for name in ("steps", "runs", "batch", "checkpoints", "eval_size"):
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
                 raise ConfigError(name, f"must be a positive integer, got {val!r}")
@@ -127,6 +130,9 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
+        """Inverse of :meth:`to_dict`; also accepts a trajectory file's ``config`` attribute
+        (its derived key ``resolved_instances`` is dropped)."""
+        data = {k: v for k, v in data.items() if k != "resolved_instances"}
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
         if unknown:

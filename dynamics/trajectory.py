@@ -15,10 +15,10 @@ def checkpoint_steps(steps: int, count: int, spacing: str = "log") -> np.ndarray
     ``log``: geometrically spaced from 1 to ``steps`` (plus 0); ``linear``: evenly spaced.
     """
     if spacing == "linear":
-        pts = np.linspace(0, steps, count)
+        pts = np.linspace(0, steps, max(count, 2))
     else:
         pts = np.concatenate([[0.0], np.geomspace(1, steps, max(count - 1, 1))])
-    return np.unique(np.round(pts).astype(np.int64))
+    return np.unique(np.concatenate([np.round(pts).astype(np.int64), [0, steps]]))
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Trajectory:
     xi : (R,) ξ of each run. instance_seed : (R,) instance seed of each run.
     loss_kind : ``exact`` or ``monte_carlo``. dtype, device, engine : how it was computed.
     extra : further per-run arrays (name → array with leading R axis).
+    m0 : (R,) initial overlap ⟨û₀, u⟩ of each run (the ODE's starting point), if known.
     """
 
     steps: np.ndarray
@@ -52,6 +53,7 @@ class Trajectory:
     device: str = "cpu"
     engine: str = "full"
     extra: dict = field(default_factory=dict)
+    m0: np.ndarray | None = None
 
     @property
     def runs(self) -> int:

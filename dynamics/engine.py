@@ -1,0 +1,239 @@
+"""The batched online-SGD engine: ``simulate(config) -> Trajectory``.
+
+R runs advance together as tensors with a leading run axis (canonical frame, so one example
+costs O(d + k²) per run). Examples are drawn a chunk of steps at a time (``sampling``); the
+learner's in-place step consumes them one step at a time. At each chunk end û is renormalised
+exactly and runs whose step went non-finite (or |m| > 1 + tol) are marked diverged at that
+step, restored to their last finite state and frozen (their step sizes set to 0), so NaN never
+reaches the other runs. ``engine = reduced | auto`` dispatches to ``dynamics.reduced``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .config import RunConfig
+from .learners import Problem, get_learner
+from .observables import (
+    LOSS_EXACT,
+    c_overlap,
+    exact_loss,
+    initial_drift_sign,
+    loss_kind,
+    monte_carlo_loss,
+    record_theory,
+    reduced_coordinates,
+)
+from .sampling import NoiseSource, resolve_device, resolve_dtype, uniform_perp_directions
+from .trajectory import Trajectory, checkpoint_steps
+
+__all__ = ["simulate", "simulate_full", "FullRun", "choose_engine", "initial_directions",
+           "chunk_schedule"]
+
+OVERLAP_TOL = 1e3  # |m| > 1 + OVERLAP_TOL·eps(dtype) counts as diverged
+
+
+def choose_engine(config: RunConfig) -> str:
+    """``full`` or ``reduced`` for this config (``auto``: reduced when it supports it)."""
+    if config.engine != "auto":
+        return config.engine
+    try:
+        from .reduced import reduced_supported
+    except ImportError:
+        return "full"
+    ok, _why = reduced_supported(config)
+    return "reduced" if ok else "full"
+
+
+def simulate(config: RunConfig, progress: bool = False) -> Trajectory:
+    """Run ``config`` (validated here) on the engine it names; same config → same numbers."""
+    config.validate()
+    if choose_engine(config) == "reduced":
+        from .reduced import simulate_reduced
+
+        return simulate_reduced(config)
+    return simulate_full(config, progress=progress)
+
+
+def initial_directions(config: RunConfig, instances) -> tuple[np.ndarray, np.ndarray]:
+    """(û₀ (R, d), m₀ (R,)) float64: uniform on S(span W^⊥), flipped if ``init=aligned``."""
+    inst0 = instances[0]
+    u0 = uniform_perp_directions(config.seed, config.runs, inst0.d, inst0.k)
+    m0 = _overlap_np(u0, instances)
+    if config.init == "aligned":
+        flip = m0 * initial_drift_sign(instances) < 0
+        u0[flip] *= -1.0
+        m0[flip] *= -1.0
+    return u0, m0
+
+
+def _overlap_np(u: np.ndarray, instances) -> np.ndarray:
+    k = instances[0].k
+    u_w = np.stack([i.u_w for i in instances])
+    u_perp = np.array([i.u_perp for i in instances])
+    return (u[:, :k] * u_w).sum(1) + u[:, k] * u_perp
+
+
+class _Records:
+    """Checkpoint records (host numpy): overlaps, ĉ when trained, û's reduced coordinates."""
+
+    def __init__(self, problem: Problem, keep_c: bool, keep_coords: bool):
+        self.problem, self.keep_c, self.keep_coords = problem, keep_c, keep_coords
+        self.overlap, self.c_hat, self.coords = [], [], []
+
+    def add(self, state) -> None:
+        self.overlap.append(self.problem.overlap(state.u_hat).double().cpu().numpy())
+        if self.keep_c:
+            self.c_hat.append(state.c_hat.double().cpu().numpy())
+        if self.keep_coords:
+            self.coords.append(reduced_coordinates(state.u_hat, self.problem.k))
+
+    def arrays(self):
+        def stack(xs):
+            return np.stack(xs, axis=1) if xs else None
+
+        return stack(self.overlap), stack(self.c_hat), stack(self.coords)
+
+
+class _Divergence:
+    """Tracks diverged runs: detection at chunk ends, restore-and-freeze (see module doc)."""
+
+    def __init__(self, runs: int, dtype: torch.dtype, device):
+        self.step = np.full(runs, -1, dtype=np.int64)
+        self.alive = torch.ones(runs, dtype=torch.bool, device=device)
+        self.tol = 1.0 + OVERLAP_TOL * torch.finfo(dtype).eps
+
+    def check(self, learner, state, snapshot, norms: torch.Tensor, start: int) -> None:
+        # norms = 1/n per step (n, R): a finite positive value for every valid step
+        bad_n = ~(torch.isfinite(norms) & (norms > 0))
+        m = learner.problem.overlap(state.u_hat)
+        bad_end = ~torch.isfinite(state.c_hat).all(-1) | ~(m.abs() <= self.tol)
+        new = (bad_n.any(0) | bad_end) & self.alive
+        if not bool(new.any()):
+            return
+        first = torch.where(bad_n.any(0), bad_n.int().argmax(0) + 1, norms.shape[0])
+        idx = new.nonzero().squeeze(1)
+        state.u_hat[idx] = snapshot.u_hat[idx]
+        state.c_hat[idx] = snapshot.c_hat[idx]
+        learner.eta_r[idx] = 0.0
+        learner.eta_c_r[idx] = 0.0
+        self.alive[idx] = False
+        self.step[idx.cpu().numpy()] = start + first[idx].cpu().numpy()
+
+
+@contextmanager
+def _intraop_threads(n: int):
+    """Run torch's CPU ops on n threads inside the block (restored after).
+
+    The engine's per-step ops are small; on a shared machine OpenMP teams stall whenever a
+    core is taken by another process, so the hot loop runs single-threaded and the cores go
+    to the sampler's threads instead.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield before
+    finally:
+        torch.set_num_threads(before)
+
+
+def chunk_schedule(steps: np.ndarray, chunk: int) -> list[tuple[int, bool]]:
+    """(size, ends-at-a-checkpoint) of every chunk from step 0 to steps[-1]."""
+    out = []
+    for lo, hi in zip(steps[:-1], steps[1:], strict=True):
+        t = int(lo)
+        while t < hi:
+            n = min(chunk, int(hi) - t)
+            t += n
+            out.append((n, t == hi))
+    return out
+
+
+class FullRun:
+    """One batch of R runs on the full engine: built from a config, advanced by :meth:`run`.
+
+    Fields: ``config``, ``instances`` (per run), ``problem``, ``learner``, ``state``
+    (the learner state, final after :meth:`run`), ``m0`` (R,), ``steps`` (checkpoints).
+    """
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+        self.instances = config.run_instances()
+        self.problem = Problem.from_instances(self.instances, self.device, self.dtype)
+        self.learner = get_learner(config.learner).from_config(config, self.problem)
+        u0, self.m0 = initial_directions(config, self.instances)
+        self.state = self.learner.init_state(u0)
+        self.steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
+        self.kind = loss_kind(config)
+        self.records = _Records(self.problem, config.joint_c, self.kind != LOSS_EXACT)
+        self.divergence = _Divergence(config.runs, self.dtype, self.device)
+
+    def run(self, progress: bool = False) -> Trajectory:
+        """Advance every run to the last checkpoint, recording at each; the Trajectory."""
+        self.advance(progress)
+        return self.trajectory()
+
+    def advance(self, progress: bool = False) -> None:
+        """The hot loop: all SGD steps, with divergence checks and checkpoint records."""
+        cfg, learner, state = self.config, self.learner, self.state
+        d, noisy = self.problem.d, learner.needs_label_noise
+        self.records.add(state)
+        with _intraop_threads(1) as cores, \
+                NoiseSource(cfg.seed, cfg.runs, cfg.batch, d, extra=int(noisy),
+                            sqnorm_cols=learner.sqnorm_columns, device=self.device,
+                            dtype=self.dtype, threads=cores) as noise, \
+                tqdm(total=cfg.steps, disable=not progress, unit="step") as bar:
+            schedule = chunk_schedule(self.steps, noise.chunk_steps)
+            norms = torch.empty((noise.chunk_steps, cfg.runs), dtype=self.dtype,
+                                device=self.device)
+            chunks = noise.chunks(n for n, _ in schedule)
+            for (n, at_checkpoint), (buf, sqnorm) in zip(schedule, chunks, strict=True):
+                start, snapshot = state.step, state.clone()
+                x = buf[..., :d]
+                pre = learner.prepare(state, x, buf[..., d] if noisy else None, sqnorm)
+                for i in range(n):
+                    norms[i] = learner.step_prepared_(state, x[:, i], pre, i)
+                learner.renormalize_(state)
+                self.divergence.check(learner, state, snapshot, norms[:n], start)
+                bar.update(n)
+                if at_checkpoint:
+                    self.records.add(state)
+
+    def trajectory(self) -> Trajectory:
+        """Observables at the checkpoints (loss, theory) as a :class:`Trajectory`."""
+        return _trajectory(self.config, self.instances, self.steps, self.records,
+                           self.divergence.step, self.m0, self.kind, self.device)
+
+
+def simulate_full(config: RunConfig, progress: bool = False) -> Trajectory:
+    """The full engine: û ∈ R^d explicitly, x ~ N(0, I_d) drawn for every step and run."""
+    return FullRun(config).run(progress)
+
+
+def _trajectory(config, instances, steps, records, diverged_step, m0, kind, device):
+    overlap, c_hats, coords = records.arrays()
+    dead = (diverged_step[:, None] >= 0) & (steps[None, :] >= diverged_step[:, None])
+    overlap[dead] = np.nan
+    c_ov = None
+    if c_hats is not None:
+        c_hats[dead] = np.nan
+        c_ov = c_overlap(c_hats, np.stack([i.c for i in instances])[:, None, :])
+    if kind == LOSS_EXACT:
+        loss = exact_loss(instances, overlap, c_hats)
+    else:
+        coords[dead] = np.nan
+        ch = c_hats if c_hats is not None else np.stack([i.c_hat for i in instances])
+        loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
+    return Trajectory(
+        steps=steps, overlap=overlap, loss=loss,
+        ode=record_theory(config, instances, m0, steps), diverged_step=diverged_step,
+        xi=np.array([i.xi for i in instances]),
+        instance_seed=np.array([i.seed for i in instances], dtype=np.int64),
+        c_overlap=c_ov, loss_kind=kind, dtype=config.dtype, device=str(device),
+        engine="full", m0=m0,
+    )

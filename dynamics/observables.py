@@ -1,0 +1,188 @@
+"""Observables recorded at checkpoints, shared by the full and the reduced engine.
+
+- overlaps m = ⟨û, u⟩ and ⟨ĉ, c⟩/(‖ĉ‖‖c‖) come from the engines' states;
+- the population loss E(f* − f̂)² is exact (``hermite.population_loss``) when û ⊥ span W
+  (projected learner), with the frozen or the current ĉ; otherwise it is a Monte Carlo
+  average over a fixed evaluation set, drawn in û's reduced coordinates (exact in law);
+- the population-ODE prediction m̄_{t+1} = m̄_t + η h(m̄_t)(u_perp² − m̄_t²) (Prop. 4) from
+  each run's own m₀, where it is exact (projected, ĉ frozen); NaN elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .instance import Instance
+from .sampling import run_seed
+
+__all__ = [
+    "LOSS_EXACT",
+    "LOSS_MONTE_CARLO",
+    "EVAL_SIZE",
+    "loss_kind",
+    "theory_applies",
+    "group_runs",
+    "record_theory",
+    "initial_drift_sign",
+    "exact_loss",
+    "loss_with_c_hat",
+    "monte_carlo_loss",
+    "reduced_coordinates",
+    "c_overlap",
+]
+
+LOSS_EXACT = "exact"
+LOSS_MONTE_CARLO = "monte_carlo"
+EVAL_SIZE = 20_000
+_EVAL_BLOCK = 2**22  # elements per Monte Carlo block (memory bound)
+
+
+def loss_kind(config) -> str:
+    """``exact`` when û stays ⊥ span W (projected), else ``monte_carlo``."""
+    return LOSS_EXACT if config.project else LOSS_MONTE_CARLO
+
+
+def theory_applies(config) -> bool:
+    """Whether the population ODE of m is exact for this learner (projected, ĉ frozen)."""
+    return config.project and not config.joint_c
+
+
+def group_runs(instances: list[Instance]) -> list[tuple[Instance, np.ndarray]]:
+    """Distinct instances (by identity) with the indices of their runs."""
+    groups: dict[int, tuple[Instance, list[int]]] = {}
+    for r, inst in enumerate(instances):
+        groups.setdefault(id(inst), (inst, []))[1].append(r)
+    return [(inst, np.asarray(idx)) for inst, idx in groups.values()]
+
+
+def record_theory(config, instances: list[Instance], m0: np.ndarray,
+                  steps: np.ndarray) -> np.ndarray:
+    """(R, C) population-ODE prediction at ``steps`` from each run's m₀ (NaN if none)."""
+    out = np.full((len(instances), len(steps)), np.nan)
+    if not theory_applies(config):
+        return out
+    import hermite
+
+    for inst, idx in group_runs(instances):
+        out[idx] = hermite.population_ode(inst, config.eta, np.asarray(m0)[idx],
+                                          np.asarray(steps))
+    return out
+
+
+def initial_drift_sign(instances: list[Instance]) -> np.ndarray:
+    """sign h(0) per run (Thm 5's aligned start needs m₀ h(0) > 0)."""
+    import hermite
+
+    out = np.zeros(len(instances))
+    for inst, idx in group_runs(instances):
+        out[idx] = np.sign(float(np.asarray(hermite.h(inst, 0.0)).reshape(-1)[0]))
+    return out
+
+
+def exact_loss(instances: list[Instance], overlap: np.ndarray,
+               c_hat: np.ndarray | None = None) -> np.ndarray:
+    """(R, C) exact population loss for û ⊥ span W at overlaps m (R, C).
+
+    ``c_hat``: None (each instance's frozen ĉ), (R, k) per run, or (R, C, k) per checkpoint
+    (joint training; evaluated for all checkpoints at once, see :func:`loss_with_c_hat`).
+    """
+    import hermite
+
+    overlap = np.asarray(overlap, dtype=float)
+    out = np.full(overlap.shape, np.nan)
+    ok = np.isfinite(overlap)
+    for inst, idx in group_runs(instances):
+        for r in idx:
+            if c_hat is not None and np.ndim(c_hat) == 3:
+                out[r, ok[r]] = loss_with_c_hat(inst, overlap[r, ok[r]], c_hat[r, ok[r]])
+                continue
+            ch = None if c_hat is None else c_hat[r]
+            out[r, ok[r]] = hermite.population_loss(inst, overlap[r, ok[r]], c_hat=ch)
+    return out
+
+
+def loss_with_c_hat(inst: Instance, m: np.ndarray, c_hat: np.ndarray) -> np.ndarray:
+    """Φ(mₙ; ĉₙ) for pairs (n,) × (n, k) in one dual-kernel call (App. D.1):
+
+    Φ = Σ λλ K(⟨vᵢ,vⱼ⟩) + Σ λλ K(⟨v̂ᵢ,v̂ⱼ⟩) − 2 Σ λλ K(Pᵢⱼ + Qᵢⱼ m), as in
+    ``hermite.population_loss`` (which takes one ĉ per call).
+    """
+    import hermite
+
+    act, xi, g = inst.activation, inst.xi, inst.gram
+    lam2 = np.outer(inst.lam, inst.lam)
+    nt = inst.teacher_norms()
+    nh = np.sqrt(1.0 + (xi * c_hat) ** 2)  # (n, k) student norms for û ⊥ span W
+    outer_nh = nh[:, :, None] * nh[:, None, :]
+    student = (g[None] + xi**2 * c_hat[:, :, None] * c_hat[:, None, :]) / outer_nh
+    denom = nt[None, :, None] * nh[:, None, :]
+    p = (g + xi * np.outer(inst.c, inst.w_dot_u))[None] / denom
+    q = xi**2 * inst.c[None, :, None] * c_hat[:, None, :] / denom
+    cross = p + q * np.asarray(m, dtype=float)[:, None, None]
+    k_t = float(np.sum(lam2 * hermite.dual_kernel(act, inst.teacher_gram())))
+    k_s = hermite.dual_kernel(act, np.clip(student, -1.0, 1.0))
+    k_c = hermite.dual_kernel(act, np.clip(cross, -1.0, 1.0))
+    return k_t + (lam2 * k_s).sum((1, 2)) - 2.0 * (lam2 * k_c).sum((1, 2))
+
+
+def reduced_coordinates(u_hat: torch.Tensor, k: int) -> np.ndarray:
+    """(R, k+2) coordinates of unit û that fix its law against x: (û_w, û_k, ‖rest‖)."""
+    head = u_hat[:, : k + 1].detach().double().cpu().numpy()
+    rest = torch.linalg.vector_norm(u_hat[:, k + 1:], dim=-1).double().cpu().numpy()
+    return np.concatenate([head, rest[:, None]], axis=1)
+
+
+def c_overlap(c_hat: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """⟨ĉ, c⟩/(‖ĉ‖‖c‖) over the last axis (= ⟨ĉ, c⟩/‖ĉ‖ for the unit c of the paper)."""
+    num = (c_hat * c).sum(-1)
+    return num / (np.linalg.norm(c_hat, axis=-1) * np.linalg.norm(c, axis=-1))
+
+
+def _eval_set(seed: int, k: int, size: int) -> np.ndarray:
+    """(size, k+2) standard normals: x's coordinates (span W, e = u's ⊥ direction, rest)."""
+    return np.random.default_rng(run_seed(seed, 0, "eval")).standard_normal((size, k + 2))
+
+
+def monte_carlo_loss(instances: list[Instance], coords: np.ndarray, c_hat: np.ndarray,
+                     *, seed: int, size: int = EVAL_SIZE) -> np.ndarray:
+    """(R, C) Monte Carlo population loss on one fixed evaluation set of ``size`` examples.
+
+    coords : (R, C, k+2) reduced coordinates of û (see :func:`reduced_coordinates`);
+    c_hat : (R, k) or (R, C, k). Because x is isotropic, ⟨û, x⟩ only needs these
+    coordinates, so the estimate costs O(size·k²) per run, independent of d.
+    """
+    runs, cps, k2 = coords.shape
+    k = k2 - 2
+    xs = torch.as_tensor(_eval_set(seed, k, size))
+    xw, xe = xs[:, :k], xs[:, k]
+    out = np.full((runs, cps), np.nan)
+    for inst, idx in group_runs(instances):
+        act, l_t = inst.activation, torch.as_tensor(inst.w_factor).T
+        z = xw @ l_t
+        u_dot = xw @ torch.as_tensor(inst.u_w) + inst.u_perp * xe
+        t_pre = (z + inst.xi * torch.as_tensor(inst.c) * u_dot[:, None]) / torch.as_tensor(
+            inst.teacher_norms())
+        lam = torch.as_tensor(inst.lam)
+        y = act.fn(t_pre) @ lam
+        block = max(1, _EVAL_BLOCK // (size * k))
+        for r in idx:
+            cr = torch.as_tensor(coords[r])
+            chr_ = torch.as_tensor(c_hat[r] if np.ndim(c_hat) == 3 else
+                                   np.broadcast_to(c_hat[r], (cps, k)).copy())
+            for j0 in range(0, cps, block):
+                sl = slice(j0, j0 + block)
+                out[r, sl] = _student_loss(inst, xs, z, y, lam, cr[sl], chr_[sl])
+    return out
+
+
+def _student_loss(inst, xs, z, y, lam, coords, c_hat) -> np.ndarray:
+    """Mean (y − f̂)² for a block of checkpoints: coords (B, k+2), c_hat (B, k)."""
+    k = inst.k
+    s = xs @ coords.T  # (n, B): ⟨û, x⟩ = û_w·x_w + û_k x_k + ‖rest‖ x_rest
+    omega = coords[:, :k] @ torch.as_tensor(inst.w_factor).T  # (B, k) ⟨wⱼ, û⟩
+    xc = inst.xi * c_hat
+    scale = torch.rsqrt(1.0 + xc * (2.0 * omega + xc))
+    a = (z[:, None, :] + xc[None] * s[..., None]) * scale[None]
+    f_hat = inst.activation.fn(a) @ lam
+    return ((y[:, None] - f_hat) ** 2).mean(0).numpy()

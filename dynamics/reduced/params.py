@@ -1,0 +1,57 @@
+"""Pack the runs' instances into the flat arrays the reduced kernels read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..instance import Instance
+
+__all__ = ["ChainParams", "pack_instances"]
+
+
+@dataclass(frozen=True)
+class ChainParams:
+    """Per-instance arrays (leading axis I = number of distinct instances) and the run map.
+
+    L : (I, k, k) rows wᵢ in an orthonormal basis of span W; ident : (I,) L is the identity.
+    prm : (I, 4k + 2) rows [λ, c, N (teacher norms), u_w, u⊥, ξ].
+    inst_idx : (R,) instance of each run. c_hat0 : (R, k) initial ĉ of each run.
+    instances : the I distinct instances.
+    """
+
+    L: np.ndarray
+    ident: np.ndarray
+    prm: np.ndarray
+    inst_idx: np.ndarray
+    c_hat0: np.ndarray
+    instances: tuple
+
+    @property
+    def k(self) -> int:
+        return self.L.shape[1]
+
+
+def _row(inst: Instance) -> np.ndarray:
+    return np.concatenate([inst.lam, inst.c, inst.teacher_norms(), inst.u_w,
+                           [inst.u_perp, inst.xi]]).astype(np.float64)
+
+
+def pack_instances(run_instances: list[Instance]) -> ChainParams:
+    """Distinct instances (by identity) → arrays; ``run_instances`` has one entry per run."""
+    uniq: dict[int, int] = {}
+    order: list[Instance] = []
+    idx = np.empty(len(run_instances), dtype=np.int64)
+    for r, inst in enumerate(run_instances):
+        if id(inst) not in uniq:
+            uniq[id(inst)] = len(order)
+            order.append(inst)
+        idx[r] = uniq[id(inst)]
+    k = order[0].k
+    L = np.stack([np.asarray(i.w_factor, dtype=np.float64) for i in order])
+    ident = np.array([np.array_equal(x, np.eye(k)) for x in L])
+    prm = np.stack([_row(i) for i in order])
+    c_hat0 = np.stack([np.asarray(run_instances[r].c_hat, dtype=np.float64)
+                       for r in range(len(run_instances))])
+    return ChainParams(L, ident, prm, idx, c_hat0, tuple(order))

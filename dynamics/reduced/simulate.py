@@ -1,0 +1,188 @@
+"""Public entry points of the reduced engine: support check, simulation, first passage."""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import torch
+
+from ..config import RunConfig
+from ..observables import (
+    LOSS_EXACT,
+    c_overlap,
+    exact_loss,
+    initial_drift_sign,
+    loss_kind,
+    monte_carlo_loss,
+    record_theory,
+)
+from ..sampling import resolve_device, resolve_dtype, run_seed
+from ..trajectory import Trajectory, checkpoint_steps
+from . import _kernel, torch_chain
+from ._act import act_code
+from .params import ChainParams, pack_instances
+
+__all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced",
+           "first_passage_reduced"]
+
+ENGINE = "reduced"
+BACKENDS = ("numba", "torch")
+
+
+def reduced_supported(config: RunConfig) -> tuple[bool, str]:
+    """(True, "") when the reduced chain is exact for ``config``, else (False, one-line reason).
+
+    Every ``finetune`` setting reduces exactly (projected or not, ĉ frozen or joint, any b,
+    label noise, any W, u); other learners have no finite-state reduction here.
+    """
+    if config.learner != "finetune":
+        return False, (f"reduced engine: learner {config.learner!r} has no exact finite-state "
+                       "reduction (only 'finetune')")
+    return True, ""
+
+
+def _choose_backend(config: RunConfig, backend: str | None, act_name: str):
+    device = resolve_device(config.device)
+    if backend is None:
+        backend = "numba" if device.type == "cpu" and act_code(act_name) else "torch"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "numba" and device.type != "cpu":
+        raise ValueError("the numba backend runs on device 'cpu' only")
+    if backend == "numba" and act_code(act_name) is None:
+        raise ValueError(f"activation {act_name!r} has no compiled version; use backend torch")
+    return backend, device
+
+
+def _initial_state(config: RunConfig, params: ChainParams, instances):
+    """μ₀, ν₀ (R,) by (R0), streams seeded from (seed, r); sign flips for ``aligned``."""
+    runs, d, k = config.runs, instances[0].d, params.k
+    states = np.zeros(runs, dtype=np.uint64)
+    mu, nu = np.empty(runs), np.empty(runs)
+    _kernel.init_runs(run_seed(config.seed, 0, "data"), d - k, states, mu, nu)
+    u_perp = params.prm[params.inst_idx, 4 * k]
+    if config.init == "aligned":
+        mu[mu * u_perp * initial_drift_sign(instances) < 0] *= -1.0
+    return states, mu, nu, mu * u_perp
+
+
+def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps,
+         stop_level=math.inf, stop_abs=True, dof=None):
+    """Advance all runs; returns (records dict (R, C[, k]), div_step, hit_step).
+
+    ``dof`` overrides the χ² degrees of freedom d − k − 2 (tests: a deliberately wrong law).
+    """
+    runs, k = config.runs, params.k
+    act = instances[0].activation
+    dof = instances[0].d - k - 2 if dof is None else dof
+    common = dict(project=config.project, joint=config.joint_c, dof=dof, eta=config.eta,
+                  eta_c=config.step_size_c, batch=config.batch,
+                  noise_sd=math.sqrt(config.label_noise))
+    chat = params.c_hat0.copy()
+    if backend == "torch":
+        dt = resolve_dtype(config.dtype)
+
+        def t(a):
+            return torch.as_tensor(a, dtype=dt, device=device)
+
+        return torch_chain.advance(
+            torch_chain.TorchParams.from_params(params, device, dt), act, **common,
+            mu=t(mu), nu=t(nu), pw=t(np.zeros((runs, k))), chat=t(chat), n_steps=n_steps,
+            cp_steps=cp, seed=run_seed(config.seed, 1, "data"), stop_level=stop_level,
+            stop_abs=stop_abs)
+    n_cp = len(cp)
+    rec = {"m": np.empty((runs, n_cp)), "mu": np.empty((runs, n_cp)),
+           "nu": np.empty((runs, n_cp)),
+           "pw": np.empty((runs, n_cp, 0 if config.project else k)),
+           "chat": np.empty((runs, n_cp, k if config.joint_c else 0))}
+    div = np.full(runs, -1, dtype=np.int64)
+    hit = np.full(runs, -1, dtype=np.int64)
+    code, hp = act_code(act.name)
+    with numba.parallel_chunksize(1):  # runs to threads one at a time (unequal costs)
+        _kernel.advance(
+            config.project, config.joint_c, params.L, params.ident, params.prm,
+            params.inst_idx, code, hp, dof, float(config.eta), float(config.step_size_c),
+            config.batch, common["noise_sd"], states, mu, nu, np.zeros((runs, k)), chat,
+            n_steps, np.asarray(cp, dtype=np.int64), rec["m"], rec["mu"], rec["nu"],
+            rec["pw"], rec["chat"], div, float(stop_level), stop_abs, hit)
+    rec["pw"] = rec["pw"] if not config.project else None
+    rec["chat"] = rec["chat"] if config.joint_c else None
+    return rec, div, hit
+
+
+def simulate_reduced(config: RunConfig, *, backend: str | None = None,
+                     _chi2_dof: int | None = None) -> Trajectory:
+    """Simulate ``config`` with the exact reduced chain; same outputs as the full engine.
+
+    backend : ``numba`` (CPU default; computes in float64 whatever ``config.dtype``) or
+    ``torch`` (default on CUDA; honours ``config.dtype``). Raises ValueError where
+    :func:`reduced_supported` says no. ``_chi2_dof`` is a test hook (wrong χ² law).
+    """
+    config.validate()
+    ok, why = reduced_supported(config)
+    if not ok:
+        raise ValueError(why)
+    instances = config.run_instances()
+    params = pack_instances(instances)
+    backend, device = _choose_backend(config, backend, instances[0].activation.name)
+    states, mu, nu, m0 = _initial_state(config, params, instances)
+    steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
+    rec, div, _ = _run(config, params, instances, backend, device, mu, nu, states, steps,
+                       int(steps[-1]), dof=_chi2_dof)
+    return _trajectory(config, instances, steps, rec, div, m0, backend, device)
+
+
+def _trajectory(config, instances, steps, rec, div, m0, backend, device) -> Trajectory:
+    """Observables as the full engine records them (:mod:`dynamics.observables`)."""
+    dead = (div[:, None] >= 0) & (steps[None, :] >= div[:, None])
+    overlap = np.where(dead, np.nan, rec["m"])
+    c_hats, c_ov = rec["chat"], None
+    if c_hats is not None:
+        c_hats = np.where(dead[..., None], np.nan, c_hats)
+        c_ov = c_overlap(c_hats, np.stack([i.c for i in instances])[:, None, :])
+    kind = loss_kind(config)
+    if kind == LOSS_EXACT:
+        loss = exact_loss(instances, overlap, c_hats)
+    else:
+        coords = np.concatenate([rec["pw"], rec["mu"][..., None], rec["nu"][..., None]], -1)
+        coords[dead] = np.nan
+        ch = c_hats if c_hats is not None else np.stack([i.c_hat for i in instances])
+        loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
+    return Trajectory(
+        steps=steps, overlap=overlap, loss=loss,
+        ode=record_theory(config, instances, m0, steps), diverged_step=div,
+        xi=np.array([i.xi for i in instances]),
+        instance_seed=np.array([i.seed for i in instances], dtype=np.int64),
+        c_overlap=c_ov, loss_kind=kind,
+        dtype="float64" if backend == "numba" else config.dtype, device=str(device),
+        engine=ENGINE, m0=m0,
+    )
+
+
+def first_passage_reduced(config: RunConfig, level: float, max_steps: int | None = None, *,
+                          absolute: bool = True, backend: str | None = None) -> np.ndarray:
+    """(R,) first step at which m ≥ ``level`` (|m| if ``absolute``), NaN if not by max_steps.
+
+    Each run stops at its hit, so the cost is the hitting time, not the horizon
+    (``max_steps``, default ``config.steps``). Diverged runs count as never.
+    """
+    config.validate()
+    ok, why = reduced_supported(config)
+    if not ok:
+        raise ValueError(why)
+    if not math.isfinite(level):
+        raise ValueError(f"level must be finite, got {level}")
+    instances = config.run_instances()
+    params = pack_instances(instances)
+    backend, device = _choose_backend(config, backend, instances[0].activation.name)
+    states, mu, nu, m0 = _initial_state(config, params, instances)
+    n = int(config.steps if max_steps is None else max_steps)
+    _, _, hit = _run(config, params, instances, backend, device, mu, nu, states,
+                     np.zeros(0, dtype=np.int64), n, float(level), absolute)
+    out = hit.astype(float)
+    out[hit < 0] = np.nan
+    start = (np.abs(m0) if absolute else m0) >= level
+    out[start] = 0.0
+    return out

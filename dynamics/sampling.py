@@ -1,0 +1,161 @@
+"""Randomness of the engine: one independent, explicitly seeded stream per run.
+
+Run r of a batch draws its initial direction from ``numpy`` (stream ``init``) and its
+examples x ~ N(0, I_d) (plus label noise) from its own ``torch.Generator`` (stream ``data``),
+both seeded from (seed, r) only. So run r's numbers do not depend on R, on the other runs or
+on the chunking below, and a batch of R runs replays R single runs with the same seeds.
+
+Examples are drawn a chunk of steps at a time, per run, into one preallocated buffer of shape
+(R, S, b, w): w = d (+1 for label noise) rounded up to a multiple of 16, so that every
+``normal_`` call fills a multiple of 16 numbers; torch's CPU sampler then yields the same
+stream however the calls are split (it transforms uniforms in blocks of 16). On CPU the
+per-run fills run in parallel threads (torch releases the GIL); on CUDA they are queued.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+__all__ = [
+    "STREAMS",
+    "run_seed",
+    "resolve_device",
+    "resolve_dtype",
+    "uniform_perp_directions",
+    "NoiseSource",
+]
+
+STREAMS = {"init": 0, "data": 1, "eval": 2}
+ALIGN = 16  # torch's CPU normal_ works in blocks of 16 numbers
+CHUNK_BYTES = 32 * 2**20  # target size of the example buffer
+MAX_CHUNK_STEPS = 256
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def run_seed(seed: int, run: int, stream: str) -> int:
+    """A 63-bit seed for (master seed, run index, stream name), stable across versions."""
+    words = np.random.SeedSequence([int(seed), int(run), STREAMS[stream]]).generate_state(2)
+    return int(words[0]) << 31 ^ int(words[1])
+
+
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, ``cuda`` (error if unavailable) or ``auto`` (cuda when available)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but CUDA is not available "
+                         "(use --device cpu or auto)")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """``float64`` or ``float32``."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def uniform_perp_directions(seed: int, runs: int, d: int, k: int) -> np.ndarray:
+    """(R, d) float64 unit vectors uniform on the sphere of span(W)^⊥ (coordinates ≥ k).
+
+    Run r uses only the stream (seed, r, ``init``) — eq. (4)'s u₀ ~ S(Π⊥ span W).
+    """
+    out = np.zeros((runs, d))
+    for r in range(runs):
+        g = np.random.default_rng(run_seed(seed, r, "init")).standard_normal(d - k)
+        out[r, k:] = g / np.linalg.norm(g)
+    return out
+
+
+class NoiseSource:
+    """Chunks of examples for R runs, one ``torch.Generator`` per run (see module doc).
+
+    :meth:`chunks` yields, per requested chunk of n steps, a view (R, n, b, w) of fresh
+    N(0, 1) numbers — columns 0..d−1 of an example are x, column d (``extra`` = 1) is the
+    standard normal of the label noise — and, if ``sqnorm_cols`` = (lo, hi) is given, the
+    squared norms (R, n, b) of columns lo..hi−1. While the caller works on one chunk the
+    next is drawn by background threads into a second buffer (double buffering).
+    """
+
+    def __init__(self, seed: int, runs: int, batch: int, d: int, *, extra: int = 0,
+                 sqnorm_cols: tuple[int, int] | None = None, device: torch.device,
+                 dtype: torch.dtype, chunk_steps: int | None = None,
+                 threads: int | None = None):
+        self.width = ALIGN * math.ceil((d + extra) / ALIGN)
+        per_step = runs * batch * self.width * torch.empty((), dtype=dtype).element_size()
+        self.chunk_steps = int(chunk_steps or max(1, min(MAX_CHUNK_STEPS,
+                                                         CHUNK_BYTES // per_step)))
+        shape = (runs, self.chunk_steps, batch)
+        self.buffers = [torch.empty((*shape, self.width), dtype=dtype, device=device)
+                        for _ in range(2)]
+        self.sqnorms = [torch.empty(shape, dtype=dtype, device=device) for _ in range(2)]
+        self.sqnorm_cols = sqnorm_cols
+        self.generators = [torch.Generator(device=device).manual_seed(run_seed(seed, r, "data"))
+                           for r in range(runs)]
+        threads = threads or (torch.get_num_threads() if device.type == "cpu" else 1)
+        blocks = np.array_split(np.arange(runs), min(threads, runs))
+        self._blocks = [range(int(b[0]), int(b[-1]) + 1) for b in blocks if len(b)]
+        self._pool = (ThreadPoolExecutor(len(self._blocks), initializer=torch.set_num_threads,
+                                         initargs=(1,)) if device.type == "cpu" else None)
+
+    def _fill(self, slot: int, steps: int, runs: range) -> None:
+        buf = self.buffers[slot]
+        for r in runs:
+            buf[r, :steps].normal_(generator=self.generators[r])
+        if self.sqnorm_cols is not None:
+            lo, hi = self.sqnorm_cols
+            block = buf[runs.start: runs.stop, :steps, :, lo:hi]
+            self.sqnorms[slot][runs.start: runs.stop, :steps] = (
+                torch.linalg.vector_norm(block, dim=-1).square_())
+
+    def _start(self, slot: int, steps: int):
+        if not 0 < steps <= self.chunk_steps:
+            raise ValueError(f"chunk of {steps} steps; must be in 1..{self.chunk_steps}")
+        if self._pool is None:
+            for block in self._blocks:
+                self._fill(slot, steps, block)
+            return []
+        return [self._pool.submit(self._fill, slot, steps, block) for block in self._blocks]
+
+    def _view(self, slot: int, steps: int):
+        sq = self.sqnorms[slot][:, :steps] if self.sqnorm_cols is not None else None
+        return self.buffers[slot][:, :steps], sq
+
+    def chunks(self, sizes):
+        """Yield (examples (R, n, b, w), squared norms (R, n, b) or None) for each n in sizes.
+
+        A yielded view stays valid until the next one is requested.
+        """
+        sizes = [int(n) for n in sizes]
+        if not sizes:
+            return
+        pending = self._start(0, sizes[0])
+        for j, n in enumerate(sizes):
+            for fut in pending:
+                fut.result()
+            slot = j % 2
+            pending = self._start(1 - slot, sizes[j + 1]) if j + 1 < len(sizes) else []
+            yield self._view(slot, n)
+        for fut in pending:
+            fut.result()
+
+    def chunk(self, steps: int):
+        """Draw one chunk synchronously: (examples (R, n, b, w), squared norms or None)."""
+        for fut in self._start(0, steps):
+            fut.result()
+        return self._view(0, steps)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self) -> NoiseSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

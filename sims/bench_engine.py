@@ -1,0 +1,157 @@
+"""``loradyn bench engine``: run-steps/s of the engine against two references, in one run.
+
+- engine: the full engine's hot loop (``FullRun.advance``), R runs at once;
+- autograd loop: ``benchmarks/autograd_loop.py``, the paper's eq. (4) with autograd, one run
+  at a time (the faster of 1 thread and all threads);
+- sampling bound: just ``torch.Tensor.normal_`` of an (R, d) tensor per step.
+Each is measured ``--repeats`` times, interleaved; medians and their ratios are reported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import click
+import torch
+
+from dynamics.config import RunConfig
+from dynamics.engine import FullRun
+from dynamics.sampling import NoiseSource, resolve_device, resolve_dtype
+
+__all__ = ["command", "measure"]
+
+GOALS = {"engine_over_autograd": 100.0, "engine_over_sampling": 0.5}
+
+
+def _autograd_module():
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "autograd_loop.py"
+    spec = importlib.util.spec_from_file_location("loradyn_benchmarks_autograd_loop", path)
+    if spec is None or not path.exists():
+        raise OSError(f"benchmark baseline not found: {path} (run from a source checkout)")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def engine_rate(config: RunConfig) -> float:
+    run = FullRun(config)
+    _sync(run.device)
+    t0 = time.perf_counter()
+    run.advance()
+    _sync(run.device)
+    return config.runs * config.steps / (time.perf_counter() - t0)
+
+
+def sampling_rate(runs, d, steps, device, dtype) -> float:
+    buf = torch.empty((runs, d), dtype=dtype, device=device)
+    buf.normal_()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        buf.normal_()
+    _sync(device)
+    return runs * steps / (time.perf_counter() - t0)
+
+
+def sampler_rate(runs, d, steps, device, dtype) -> float:
+    """The engine's own sampler alone (per-run generators, threaded, double-buffered)."""
+    with NoiseSource(0, runs, 1, d, device=device, dtype=dtype) as src:
+        sizes = [src.chunk_steps] * max(1, steps // src.chunk_steps)
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in src.chunks(sizes):
+            pass
+        _sync(device)
+    return runs * sum(sizes) / (time.perf_counter() - t0)
+
+
+def measure(d=2000, k=50, runs=256, steps=1024, autograd_steps=1000, dtype="float32",
+            device="cpu", activation="relu", repeats=3) -> dict:
+    """Medians of the four rates over interleaved repeats, and the ratios."""
+    dev, dt = resolve_device(device), resolve_dtype(dtype)
+    spec = {"activation": activation, "k": k, "d": d, "xi": 1.0, "W": "separated", "seed": 0}
+    config = RunConfig(instance=spec, eta=0.05 / d, steps=steps, runs=runs, seed=0,
+                       checkpoints=2, dtype=dtype, device=str(dev)).validate()
+    baseline = _autograd_module()
+    problem = baseline.make_problem(k, d, dtype=dt)
+    act = {"relu": torch.relu, "tanh": torch.tanh, "erf": torch.erf}.get(activation, torch.relu)
+    rates: dict[str, list[float]] = {"engine": [], "autograd_loop": [], "sampling_bound": [],
+                                     "engine_sampler": []}
+    threads_used = []
+    load_before = os.getloadavg()[0]
+    for _ in range(repeats):
+        rates["engine"].append(engine_rate(config))
+        by_threads = {n: baseline.rate(problem, 0.05 / d, autograd_steps, threads=n)
+                      if act is torch.relu else baseline.rate(problem, 0.05 / d, autograd_steps)
+                      for n in sorted({1, torch.get_num_threads()})}
+        best = max(by_threads, key=by_threads.get)
+        threads_used.append(best)
+        rates["autograd_loop"].append(by_threads[best])
+        rates["sampling_bound"].append(sampling_rate(runs, d, steps, dev, dt))
+        rates["engine_sampler"].append(sampler_rate(runs, d, steps, dev, dt))
+    med = {key: statistics.median(vals) for key, vals in rates.items()}
+    return {
+        "setup": {"d": d, "k": k, "runs": runs, "steps": steps, "autograd_steps": autograd_steps,
+                  "dtype": dtype, "device": str(dev), "activation": activation,
+                  "repeats": repeats, "torch_threads": torch.get_num_threads(),
+                  "autograd_threads": statistics.mode(threads_used),
+                  "torch": torch.__version__, "machine": platform.processor() or
+                  platform.machine(), "cpu_count": os.cpu_count(),
+                  "load_average": [load_before, os.getloadavg()[0]]},
+        "run_steps_per_s": med,
+        "all_run_steps_per_s": rates,
+        "ratios": {"engine_over_autograd": med["engine"] / med["autograd_loop"],
+                   "engine_over_sampling": med["engine"] / med["sampling_bound"]},
+        "goals": GOALS,
+    }
+
+
+def _report(res: dict) -> str:
+    s, r, q = res["setup"], res["run_steps_per_s"], res["ratios"]
+    lines = [f"loradyn bench engine: d={s['d']} k={s['k']} R={s['runs']} {s['activation']} "
+             f"{s['dtype']} {s['device']} ({s['torch_threads']} threads), online SGD b=1, "
+             f"projected; medians of {s['repeats']}; load average "
+             f"{s['load_average'][0]:.1f}→{s['load_average'][1]:.1f} on {s['cpu_count']} CPUs",
+             f"  engine          {r['engine']:>12,.0f} run-steps/s",
+             f"  autograd loop   {r['autograd_loop']:>12,.0f} run-steps/s  (one run at a time, "
+             f"full W, {s['autograd_threads']} thread(s))",
+             f"  sampling bound  {r['sampling_bound']:>12,.0f} run-steps/s  "
+             "(Tensor.normal_ of (R, d) per step)",
+             f"  engine sampler  {r['engine_sampler']:>12,.0f} run-steps/s  "
+             "(per-run generators, threaded; for information)",
+             f"  engine / autograd loop  = {q['engine_over_autograd']:8.1f}x  "
+             f"(goal ≥ {GOALS['engine_over_autograd']:g}x)",
+             f"  engine / sampling bound = {q['engine_over_sampling']:8.2f}   "
+             f"(goal ≥ {GOALS['engine_over_sampling']:g})"]
+    return "\n".join(lines)
+
+
+@click.command("engine")
+@click.option("--d", "d", type=int, default=2000, help="Input dimension d.")
+@click.option("--k", "k", type=int, default=50, help="Width k.")
+@click.option("--runs", type=int, default=256, help="Runs R.")
+@click.option("--steps", type=int, default=1024, help="Engine steps per measurement.")
+@click.option("--autograd-steps", type=int, default=1000, help="Steps of the autograd loop.")
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu")
+@click.option("--repeats", type=int, default=3, help="Interleaved repeats (medians reported).")
+@click.option("--quick", is_flag=True, help="Fewer steps and one repeat (smoke test).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def command(d, k, runs, steps, autograd_steps, dtype, device, repeats, quick, as_json):
+    """Engine run-steps/s vs a per-run autograd loop and the sampling bound (ratios)."""
+    if quick:
+        steps, autograd_steps, repeats = min(steps, 128), min(autograd_steps, 100), 1
+    res = measure(d=d, k=k, runs=runs, steps=steps, autograd_steps=autograd_steps, dtype=dtype,
+                  device=device, repeats=repeats)
+    click.echo(json.dumps(res) if as_json else _report(res))

@@ -1,0 +1,122 @@
+"""Throughput of the reduced engine (run-steps/s) across d, and against the full engine.
+
+Run-steps/s = runs × steps / seconds of stepping. Fixed costs (instance packing, initial law,
+observables) are removed by timing two horizons and differencing. The reduced engine is timed
+through :func:`dynamics.reduced.first_passage_reduced` with an unreachable level (pure
+stepping), the full engine through :func:`dynamics.engine.simulate_full`. All measurements of
+one call are taken in the same process, so their ratios are meaningful even on a shared host.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+__all__ = ["measure_reduced", "scaling_workload", "SCALING_C"]
+
+# η = c/d per activation: ReLU and He₃ as in DESIGN.md; sigmoid and He₄ at the same
+# noise-to-signal ratio c·E[g²]/h(0.5) as He₃ at c = 0.002 (≈ 0.2, instance seed 3)
+SCALING_C = {"relu": 0.05, "sigmoid": 1.0, "he3": 0.002, "he4": 0.0004}
+
+
+def _config(d, k, runs, steps, activation, engine, dtype="float64", seed=0):
+    from dynamics.config import RunConfig
+
+    return RunConfig(instance={"activation": activation, "k": k, "d": int(d), "xi": 1.0,
+                               "seed": seed},
+                     eta=0.05 / d, steps=int(steps), runs=runs, seed=seed, checkpoints=2,
+                     spacing="linear",
+                     engine=engine, dtype=dtype)
+
+
+def _rate(run, runs, steps, repeat):
+    """runs·Δsteps / Δseconds between horizons steps and 2·steps (best of ``repeat``)."""
+    best = np.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        run(steps)
+        t1 = time.perf_counter()
+        run(2 * steps)
+        t2 = time.perf_counter()
+        best = min(best, (t2 - t1) - (t1 - t0))
+    return runs * steps / max(best, 1e-9)
+
+
+def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=2_000,
+                    activation="relu", full_d: int | None = 2000, full_steps=40,
+                    full_dtype="float32", repeat=3) -> dict:
+    """Reduced-engine run-steps/s at each d (numba, all cores) and the full engine's at full_d.
+
+    Returns {"reduced": {d: rate}, "ratio_large_small": rate(max d)/rate(min d),
+    "full": rate or None, "ratio_to_full": rate(reduced at full_d)/rate(full), settings}.
+    """
+    from dynamics.engine import simulate_full
+    from dynamics.reduced import first_passage_reduced
+
+    def reduced(d):
+        return lambda n: first_passage_reduced(
+            _config(d, k, runs, n, activation, "reduced"), level=2.0, max_steps=n)
+
+    reduced(min(d_values))(2)  # compile / load the kernels
+    rates = {int(d): _rate(reduced(d), runs, steps, repeat) for d in d_values}
+    out = {"reduced": rates, "ratio_large_small": rates[max(rates)] / rates[min(rates)],
+           "full": None, "ratio_to_full": None,
+           "settings": {"k": k, "runs": runs, "steps": steps, "activation": activation,
+                        "full_d": full_d, "full_steps": full_steps, "full_dtype": full_dtype,
+                        "backend": "numba (float64)"}}
+    if full_d is not None:
+        def full(n):
+            return simulate_full(_config(full_d, k, runs, n, activation, "full", full_dtype))
+
+        full(2)
+        out["full"] = _rate(full, runs, full_steps, 1)
+        out["reduced_at_full_d"] = _rate(reduced(full_d), runs, steps, repeat)
+        out["ratio_to_full"] = out["reduced_at_full_d"] / out["full"]
+    return out
+
+
+def scaling_workload(c_values=None, d_values=(100, 1_000, 10_000, 100_000, 1_000_000), k=8,
+                     runs=16, level=0.5, seed=3, cap=4.0) -> dict:
+    """First passage of |m| to ``level`` from the aligned start, η = c/d, per activation and d.
+
+    Each run stops at its hit (cost ∝ T, not the horizon); the horizon is ``cap`` times the
+    population-ODE time from |m₀| = 1/√d. Returns {activation: {d: {median_T_over_d,
+    reached, seconds, run_steps}}} and the total seconds.
+    """
+    import hermite
+    from dynamics.config import RunConfig
+    from dynamics.instance import build_instance
+    from dynamics.reduced import first_passage_reduced
+
+    c_values = dict(SCALING_C if c_values is None else c_values)
+    out: dict = {"settings": {"c": c_values, "k": k, "runs": runs, "level": level,
+                              "seed": seed, "cap": cap}}
+    total = 0.0
+    for act, c in c_values.items():
+        spec = {"activation": act, "k": k, "xi": 1.0, "seed": seed}
+        out[act] = {}
+        for d in d_values:
+            inst = build_instance(dict(spec, d=int(d)))
+            t_ode = hermite.steps_to_reach(inst, c / d, d**-0.5 * np.sign(hermite.h(inst, 0.0)),
+                                           level)
+            config = RunConfig(instance=dict(spec, d=int(d)), eta=c / d, runs=runs, seed=seed,
+                               init="aligned", steps=int(cap * t_ode) + 1000,
+                               engine="reduced")
+            t0 = time.perf_counter()
+            hits = first_passage_reduced(config, level)
+            sec = time.perf_counter() - t0
+            total += sec
+            ok = np.isfinite(hits)
+            out[act][int(d)] = {
+                "median_T_over_d": float(np.median(np.where(ok, hits, np.inf)) / d),
+                "ode_T_over_d": float(t_ode / d), "reached": float(ok.mean()),
+                "seconds": sec, "run_steps": float(np.where(ok, hits, config.steps).sum())}
+    out["total_seconds"] = total
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import json
+
+    print(json.dumps(measure_reduced(), indent=1))

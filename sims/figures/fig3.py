@@ -1,0 +1,33 @@
+"""Figure 3: linearized vs fine-tuning at ξ = √k (a: loss), and (b) ⟨û,u⟩, ⟨ĉ,c⟩ jointly."""
+
+import math
+
+from .recipe import CONVENTION, Panel, Recipe, unit_row_instance
+
+
+def sweep(quick: bool) -> dict:
+    d, k = (500, 20) if quick else (2000, 50)
+    return {
+        "sweep": {"name": "fig3" + ("-quick" if quick else "")},
+        "base": {"runs": 4 if quick else 8, "joint_c": True, "project": True,
+                 "eta_times_d": 0.01 if quick else 0.004, "steps_per_d": 300,
+                 "checkpoints": 80, "engine": "auto",
+                 "instance": unit_row_instance("relu", d, k, math.sqrt(k))},
+        "axes": {"learner": ["finetune", "linearized"]},
+    }
+
+
+RECIPE = Recipe(
+    name="fig3",
+    caption="ReLU, ξ = √k, ĉ and û trained jointly: (a) population loss of low-rank "
+            "fine-tuning and of its linearization around the base model (the linearized "
+            "model plateaus at a non-zero loss); (b) fine-tuning's |⟨û_t, u⟩| (solid) and "
+            "⟨ĉ_t, c⟩ (dotted): ĉ aligns only once û has. Convention: " + CONVENTION + ".",
+    sweep=sweep,
+    panels=lambda quick: (
+        Panel("(a) loss: linearized vs low-rank fine-tuning", {}, quantity="loss",
+              yscale="log", hue="learner"),
+        Panel("(b) fine-tuning: |⟨û_t, u⟩| and ⟨ĉ_t, c⟩", {"learner": "finetune"},
+              quantity=("abs_overlap", "c_overlap"))),
+    learner="linearized",
+)

@@ -1,0 +1,257 @@
+"""HDF5 trajectory files: one file per command, written atomically, read back with checks.
+
+Schema (``docs/hdf5-schema.md``): root attributes stamp provenance (format, format version,
+package version, git commit, creation time, the full resolved config as JSON, seed, dtype,
+device, engine, learner, loss kind); datasets hold the checkpoint steps and per-run arrays
+with the run axis first. A file is first written under a temporary name in the target's
+directory and moved into place with ``os.replace`` only once complete, so an interrupted run
+never leaves a file that looks complete and never destroys an existing good one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from dynamics.trajectory import Trajectory
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "DATASETS",
+    "TrajectoryFileError",
+    "write_trajectory",
+    "read_trajectory",
+    "read_meta",
+    "check_writable",
+    "git_commit",
+]
+
+# ---------------------------------------------------------------- constants (one place)
+FORMAT = "loradyn-trajectory"
+FORMAT_VERSION = 1  # bump on incompatible schema changes; independent of the package version
+COMPLETE_ATTR = "complete"  # written last
+FLOAT = np.float64
+INT = np.int64
+# name → (dtype, axes, description); c_overlap and m0 are optional
+DATASETS = {
+    "steps": (INT, "C", "checkpoint steps"),
+    "overlap": (FLOAT, "R,C", "⟨û, u⟩ per run and checkpoint"),
+    "loss": (FLOAT, "R,C", "population loss E(f* − f̂)² (see attribute loss_kind)"),
+    "ode": (FLOAT, "R,C", "population-ODE prediction of ⟨û, u⟩ from the run's m0 (NaN: none)"),
+    "c_overlap": (FLOAT, "R,C", "⟨ĉ, c⟩/(‖ĉ‖‖c‖) when ĉ is trained"),
+    "diverged_step": (INT, "R", "first step with a non-finite state, −1 if never"),
+    "xi": (FLOAT, "R", "scale ξ of each run's instance"),
+    "instance_seed": (INT, "R", "seed of each run's instance"),
+    "instance_index": (INT, "R", "index of each run's instance in config.resolved_instances"),
+    "m0": (FLOAT, "R", "initial overlap ⟨û₀, u⟩"),
+}
+OPTIONAL = ("c_overlap", "m0", "instance_index")
+STRING_ATTRS = ("format", "loradyn_version", "git_commit", "created", "config", "dtype",
+                "device", "engine", "learner", "loss_kind")
+
+
+class TrajectoryFileError(ValueError):
+    """A trajectory file that cannot be read: missing, not HDF5, foreign or half-written."""
+
+
+# ---------------------------------------------------------------- provenance
+def git_commit() -> str:
+    """The source tree's git commit (``+dirty`` if modified), or ``unknown``."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty.strip() else "") if head else "unknown"
+
+
+def _package_version() -> str:
+    from sims import __version__
+
+    return __version__
+
+
+def config_json(config, instances) -> str:
+    """The full resolved config as JSON, with each distinct resolved instance spec."""
+    data = config.to_dict()
+    data["resolved_instances"] = [inst.spec for inst in _distinct(instances)[0]]
+    return json.dumps(data, sort_keys=True, default=_json_default)
+
+
+def _json_default(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def _distinct(instances):
+    seen: dict[int, int] = {}
+    order, index = [], []
+    for inst in instances:
+        if id(inst) not in seen:
+            seen[id(inst)] = len(order)
+            order.append(inst)
+        index.append(seen[id(inst)])
+    return order, np.asarray(index, dtype=INT)
+
+
+# ---------------------------------------------------------------- typed writers
+def write_info(f: h5py.File, meta: dict) -> None:
+    """Root attributes: format stamp and provenance (strings, ints)."""
+    f.attrs["format"] = FORMAT
+    f.attrs["format_version"] = FORMAT_VERSION
+    for key, val in meta.items():
+        f.attrs[key] = val
+
+
+def write_array(f: h5py.File, name: str, data) -> None:
+    """One dataset of the schema, cast to its declared dtype, with its description."""
+    dtype, axes, text = DATASETS[name]
+    ds = f.create_dataset(name, data=np.asarray(data, dtype=dtype))
+    ds.attrs["axes"] = axes
+    ds.attrs["description"] = text
+
+
+def check_writable(path) -> Path:
+    """Fail early (one-line OSError) if ``path`` cannot be created; returns it as a Path."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise IsADirectoryError(f"--out {path} is a directory, expected a .h5 file path")
+    if parent.exists() and not parent.is_dir():
+        raise NotADirectoryError(f"cannot write {path}: {parent} is not a directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(f"cannot create directory {parent}: {exc.strerror}") from None
+    if not os.access(parent, os.W_OK):
+        raise PermissionError(f"cannot write {path}: directory {parent} is not writable")
+    return path
+
+
+def write_trajectory(path, traj: Trajectory, config, instances, *, created: str | None = None
+                     ) -> Path:
+    """Write one trajectory file atomically (temporary file + ``os.replace``)."""
+    path = check_writable(path)
+    distinct, index = _distinct(instances)
+    meta = {
+        "loradyn_version": _package_version(),
+        "git_commit": git_commit(),
+        "created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": config_json(config, instances),
+        "seed": int(config.seed),
+        "dtype": traj.dtype, "device": traj.device, "engine": traj.engine,
+        "learner": config.learner, "loss_kind": traj.loss_kind,
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp.h5")
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            write_info(f, meta)
+            for name in DATASETS:
+                data = _dataset_value(traj, name, index)
+                if data is not None:
+                    write_array(f, name, data)
+            for name, arr in traj.extra.items():
+                f.create_dataset(f"extra/{name}", data=np.asarray(arr))
+            f.attrs[COMPLETE_ATTR] = True
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _dataset_value(traj: Trajectory, name: str, index):
+    if name == "instance_index":
+        return index
+    return getattr(traj, name)
+
+
+# ---------------------------------------------------------------- reader
+def _open(path) -> h5py.File:
+    path = Path(path)
+    if not path.exists():
+        raise TrajectoryFileError(f"no such file: {path}")
+    if not h5py.is_hdf5(path):
+        raise TrajectoryFileError(f"{path} is not an HDF5 file")
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        reason = str(exc).splitlines()[0]
+        raise TrajectoryFileError(f"{path} is a truncated or half-written HDF5 file "
+                                  f"({reason})") from None
+
+
+def _check(f: h5py.File, path) -> None:
+    fmt = f.attrs.get("format")
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode()
+    if fmt != FORMAT:
+        raise TrajectoryFileError(f"{path} is not a loradyn trajectory file "
+                                  f"(format attribute {fmt!r}, expected {FORMAT!r})")
+    version = int(f.attrs.get("format_version", -1))
+    if version > FORMAT_VERSION:
+        raise TrajectoryFileError(f"{path} has format version {version}; this loradyn reads "
+                                  f"up to {FORMAT_VERSION} (upgrade loradyn)")
+    if not f.attrs.get(COMPLETE_ATTR, False):
+        raise TrajectoryFileError(f"{path} is a half-written trajectory file "
+                                  "(no completion mark)")
+    missing = [n for n in DATASETS if n not in OPTIONAL and n not in f]
+    if missing:
+        raise TrajectoryFileError(f"{path} lacks dataset '{missing[0]}' (damaged file)")
+
+
+def _attrs(f: h5py.File) -> dict:
+    out = {}
+    for key, val in f.attrs.items():
+        if isinstance(val, bytes):
+            val = val.decode()
+        elif isinstance(val, np.generic):
+            val = val.item()
+        out[key] = val
+    if "config" in out:
+        out["config"] = json.loads(out["config"])
+    return out
+
+
+def read_meta(path) -> dict:
+    """The root attributes of a checked trajectory file (config parsed from JSON)."""
+    with _open(path) as f:
+        _check(f, path)
+        return _attrs(f)
+
+
+def read_trajectory(path) -> tuple[Trajectory, dict]:
+    """(Trajectory, meta) from a file; :class:`TrajectoryFileError` with a one-line reason."""
+    with _open(path) as f:
+        _check(f, path)
+        meta = _attrs(f)
+        try:
+            arrays = {n: f[n][()] for n in DATASETS if n in f}
+            extra = {n: f["extra"][n][()] for n in f["extra"]} if "extra" in f else {}
+        except (OSError, KeyError) as exc:
+            raise TrajectoryFileError(f"{path}: cannot read datasets ({exc})") from None
+    meta["datasets"] = {n: list(a.shape) for n, a in arrays.items()}
+    traj = Trajectory(
+        steps=arrays["steps"], overlap=arrays["overlap"], loss=arrays["loss"],
+        ode=arrays["ode"], diverged_step=arrays["diverged_step"], xi=arrays["xi"],
+        instance_seed=arrays["instance_seed"], c_overlap=arrays.get("c_overlap"),
+        loss_kind=meta.get("loss_kind", "exact"), dtype=meta.get("dtype", "float64"),
+        device=meta.get("device", "cpu"), engine=meta.get("engine", "full"), extra=extra,
+        m0=arrays.get("m0"),
+    )
+    return traj, meta

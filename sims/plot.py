@@ -1,0 +1,366 @@
+"""Figures of trajectory and sweep files: one curve per cell (or file), median and band.
+
+:func:`load_curves` reads single-run files (:mod:`sims.io`) and sweep files
+(:mod:`sims.sweep_io`) into :class:`Curve` objects; :func:`plot_curves` draws them: the median
+over runs with its 10–90 % band (or every run), the population-ODE prediction dashed where
+the file has one, colours by ``hue``, one panel per value of ``facet``. What all curves share
+goes in the title; what differs goes in the legend.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dynamics.trajectory import Trajectory
+
+from .io import read_trajectory
+from .sweep_io import SWEEP_FORMAT, file_format, read_sweep
+
+__all__ = ["Curve", "QUANTITIES", "X_UNITS", "TITLE_KEYS", "load_curves", "plot_curves",
+           "draw_panel", "legend", "describe", "wrap_title", "save_figure", "curve_attributes"]
+
+# quantity → (y label, Trajectory attribute)
+QUANTITIES = {
+    "overlap": ("overlap ⟨û_t, u⟩", "overlap"),
+    "abs_overlap": ("overlap |⟨û_t, u⟩|", "overlap"),
+    "loss": ("population loss E(f* − f̂)²", "loss"),
+    "c_overlap": ("⟨ĉ_t, c⟩ / ‖ĉ_t‖", "c_overlap"),
+}
+X_UNITS = {"steps": "SGD steps t", "steps/d": "SGD steps t / d",
+           "eta*steps": "SGD time η·t (steps × step size)"}
+TITLE_KEYS = ("activation", "k", "d", "xi", "W", "learner", "eta", "variant")
+SYMBOL = {"activation": "σ", "xi": "ξ", "eta": "η", "u_alpha": "‖Π_W u‖",
+          "eta_times_d": "ηd", "instance_seed": "instance", "steps_per_d": "T/d"}
+BAND = (10, 50, 90)
+
+
+@dataclass
+class Curve:
+    """One curve: a trajectory (its runs) and the attributes that name it."""
+
+    traj: Trajectory
+    attrs: dict = field(default_factory=dict)
+    source: str = ""
+
+
+def curve_attributes(config: dict, axes: dict | None = None, source: str = "") -> dict:
+    """Displayable attributes of a run config dict (plus sweep axis values and the file)."""
+    inst = config.get("instance", {})
+    variant = ("projected" if config.get("project", True) else "unprojected") + (
+        ", joint ĉ" if config.get("joint_c") else ", frozen ĉ")
+    w = inst.get("W", "gram" if "gram" in inst else "orthonormal")
+    out = {
+        "activation": inst.get("activation"), "k": inst.get("k"), "d": inst.get("d"),
+        "xi": float(inst.get("xi", 1.0)), "W": w if isinstance(w, str) else "explicit",
+        "learner": config.get("learner", "finetune"), "eta": config.get("eta"),
+        "variant": variant, "joint_c": bool(config.get("joint_c", False)),
+        "project": bool(config.get("project", True)), "u_alpha": inst.get("u_alpha", 0.0),
+        "c": inst.get("c", "quantized"), "c_hat": inst.get("c_hat", "quantized"),
+        "runs": config.get("runs"), "seed": config.get("seed"),
+        "instance_seed": inst.get("seed", 0), "file": Path(source.split("::")[0]).name,
+    }
+    if out["eta"] and out["d"]:
+        out["eta_times_d"] = out["eta"] * out["d"]
+    for key, val in (axes or {}).items():
+        if key in ("case",):
+            continue
+        out[key] = val
+    return out
+
+
+def _split_xi(curve: Curve) -> list[Curve]:
+    """A trajectory whose runs have several ξ (xi_values) → one curve per ξ."""
+    xi = np.asarray(curve.traj.xi)
+    values = np.unique(xi)
+    if values.size <= 1:
+        return [curve]
+    from .sweep_batch import split_trajectory
+
+    out = []
+    for v in values:
+        idx = np.flatnonzero(xi == v)
+        if np.any(np.diff(idx) != 1):
+            raise ValueError(f"{curve.source}: runs of ξ = {v:g} are not contiguous")
+        sub = split_trajectory(curve.traj, int(idx[0]), idx.size)
+        out.append(Curve(sub, curve.attrs | {"xi": float(v)}, curve.source))
+    return out
+
+
+def load_curves(paths) -> list[Curve]:
+    """Curves from trajectory files and sweep files (one per cell, per ξ of a file)."""
+    curves = []
+    for path in paths:
+        if file_format(path) == SWEEP_FORMAT:
+            meta, cells = read_sweep(path)
+            if not cells:
+                raise ValueError(f"{path}: the sweep has no finished cell yet")
+            for cell in cells:
+                src = f"{path}::{cell.name}"
+                curves.append(Curve(cell.traj, curve_attributes(cell.config, cell.axes, src),
+                                    src))
+        else:
+            traj, meta = read_trajectory(path)
+            attrs = curve_attributes(meta.get("config") or {}, None, str(path))
+            curves.extend(_split_xi(Curve(traj, attrs, str(path))))
+    return curves
+
+
+# ---------------------------------------------------------------- formatting
+def _fmt(key: str, value) -> str:
+    if key == "variant":
+        return str(value)
+    if key in ("joint_c",):
+        return "joint ĉ" if value else "frozen ĉ"
+    if key == "project":
+        return "projected" if value else "unprojected"
+    name = SYMBOL.get(key, key)
+    if isinstance(value, float):
+        return f"{name} = {value:.3g}"
+    return f"{name} = {value}"
+
+
+def _varying(curves, keys) -> list[str]:
+    return [k for k in keys if len({repr(c.attrs.get(k)) for c in curves}) > 1]
+
+
+def _label_keys(curves) -> list[str]:
+    keys = list(dict.fromkeys([*TITLE_KEYS, *[k for c in curves for k in c.attrs]]))
+    skip = {"file", "runs", "variant", "seed", "eta_times_d", "c", "c_hat", "steps_per_d",
+            "instance_seeds"}
+    varying = [k for k in _varying(curves, keys) if k not in skip]
+    for extra in ("variant", "eta_times_d", "c", "c_hat", "seed", "file"):
+        if extra in _varying(curves, keys) and not (
+                extra == "variant" and {"joint_c", "project"} & set(varying)):
+            if extra == "eta_times_d" and "eta" in varying and "d" in varying:
+                continue
+            varying.append(extra)
+    if "eta" in varying and "eta_times_d" in varying:
+        varying.remove("eta")
+    return varying
+
+
+def describe(curves) -> str:
+    """Title: the attributes every curve shares (instance, learner, η)."""
+    parts = []
+    for key in TITLE_KEYS:
+        vals = {repr(c.attrs.get(key)) for c in curves}
+        if len(vals) == 1 and curves[0].attrs.get(key) is not None:
+            parts.append(_fmt(key, curves[0].attrs[key]))
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------- drawing
+def _values(curve: Curve, quantity: str) -> np.ndarray | None:
+    data = getattr(curve.traj, QUANTITIES[quantity][1])
+    if data is None:
+        return None
+    ok = ~curve.traj.diverged
+    data = np.asarray(data, dtype=float)[ok if ok.any() else slice(None)]
+    return np.abs(data) if quantity == "abs_overlap" else data
+
+
+def _x(curve: Curve, x: str) -> np.ndarray:
+    steps = np.asarray(curve.traj.steps, dtype=float)
+    if x == "steps/d":
+        return steps / float(curve.attrs.get("d") or 1)
+    if x == "eta*steps":
+        return steps * float(curve.attrs.get("eta") or 1)
+    return steps
+
+
+def _nanpct(data, q):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanpercentile(data, q, axis=0)
+
+
+def _palette(curves, hue):
+    import matplotlib as mpl
+
+    if hue is None:
+        cmap = mpl.colormaps["tab10"]
+        return [cmap(i % 10) for i in range(len(curves))]
+    values = [c.attrs.get(hue) for c in curves]
+    uniq = list(dict.fromkeys(repr(v) for v in values))
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if numeric and len(uniq) > 1:
+        order = sorted({v for v in values})
+        cmap = mpl.colormaps["viridis"]
+        pos = {repr(v): i / max(len(order) - 1, 1) * 0.9 for i, v in enumerate(order)}
+        return [cmap(pos[repr(v)]) for v in values]
+    cmap = mpl.colormaps["tab10"]
+    return [cmap(uniq.index(repr(v)) % 10) for v in values]
+
+
+def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-"):
+    """One curve on ``ax``: (drawn?, ODE drawn?)."""
+    data = _values(curve, quantity)
+    if data is None:
+        return False, False
+    xs = _x(curve, x)
+    keep = xs > 0 if xscale == "log" else np.ones_like(xs, dtype=bool)
+    xs, data = xs[keep], data[:, keep]
+    lo, med, hi = _nanpct(data, BAND)
+    if style == "runs":
+        for run in data:
+            ax.plot(xs, run, color=color, lw=0.7, alpha=0.45, ls=ls)
+    else:
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
+    ax.plot(xs, med, color=color, lw=2, label=label, ls=ls)
+    if quantity in ("overlap", "abs_overlap"):
+        ode = np.asarray(curve.traj.ode, dtype=float)[:, keep]
+        if np.isfinite(ode).any():
+            ode_med = _nanpct(np.abs(ode) if quantity == "abs_overlap" else ode, 50)
+            ax.plot(xs, ode_med, color=color, lw=1.4, ls="--")
+            return True, True
+    return True, False
+
+
+def draw_panel(ax, curves, *, quantity="overlap", x="steps", xscale="log", yscale="linear",
+               hue=None, style="band", xlim=None, label_keys=None, colors=None,
+               prefix="", ls="-") -> tuple[int, bool]:
+    """Draw ``curves`` on one Axes; (number of curves drawn, whether an ODE line was drawn).
+
+    label_keys : attributes named in each curve's legend label [default: those that vary].
+    colors : curve id → colour [default: by ``hue``]. prefix : text before each label.
+    """
+    colors = colors or dict(zip(map(id, curves), _palette(curves, hue), strict=True))
+    keys = _label_keys(curves) if label_keys is None else label_keys
+    drawn, any_ode = 0, False
+    for c in curves:
+        label = prefix + ", ".join(_fmt(k, c.attrs.get(k)) for k in keys)
+        label = label.rstrip(": ") or "_nolegend_"
+        ok, ode = _draw(ax, c, colors[id(c)], label, quantity, x, style, xscale, ls)
+        drawn += ok
+        any_ode |= ode
+    ax.set_xscale(xscale)
+    ax.set_yscale(yscale)
+    if xlim is not None:
+        ax.set_xlim(*xlim)
+    ax.grid(alpha=0.3)
+    ax.set_xlabel(X_UNITS[x])
+    ax.set_ylabel(QUANTITIES[quantity][0])
+    return drawn, any_ode
+
+
+def legend(ax, handles=None, style="band", ode=False, **kwargs):
+    """Legend of the curves plus what the line styles mean (median/band, ODE dashed)."""
+    from matplotlib.lines import Line2D
+
+    if handles is None:
+        handles = ax.get_legend_handles_labels()[0]
+    band = "every run (thin)" if style == "runs" else "10–90 % of runs (band)"
+    extra = [Line2D([], [], color="grey", lw=2, label=f"median; {band}")]
+    if ode:
+        extra.append(Line2D([], [], color="grey", lw=1.4, ls="--", label="population ODE"))
+    kwargs.setdefault("fontsize", 7.5)
+    kwargs.setdefault("loc", "best")
+    return ax.legend(handles=list(handles) + extra, **kwargs)
+
+
+def wrap_title(text: str, width_in: float, fontsize: float = 10) -> str:
+    """Wrap a title to the figure width (about 0.55 em per character)."""
+    chars = max(20, int(width_in * 72 / (0.55 * fontsize)))
+    return "\n".join(textwrap.wrap(text, chars))
+
+
+def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "steps",
+                xscale: str = "log", yscale: str = "linear", hue: str | None = None,
+                facet: str | None = None, style: str = "band", title: str | None = None,
+                xlim=None):
+    """The matplotlib Figure of ``curves`` (see the module docstring); nothing is saved."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not curves:
+        raise ValueError("nothing to plot: no curves")
+    _check_options(curves, quantity, x, xscale, hue, facet, style)
+    groups = _facets(curves, facet)
+    ncols = min(len(groups), 3)
+    nrows = -(-len(groups) // ncols)
+    width = 5.2 * ncols + 0.6
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.9 * nrows + 0.6),
+                             squeeze=False, sharey=True, constrained_layout=True)
+    colors = dict(zip(map(id, curves), _palette(curves, hue), strict=True))
+    label_keys = _label_keys(curves)
+    if hue and hue not in label_keys:
+        label_keys = [hue, *label_keys]
+    if facet in label_keys:
+        label_keys.remove(facet)
+    any_ode, drawn = False, 0
+    for ax, (fval, members) in zip(axes.flat, groups, strict=False):
+        n, ode = draw_panel(ax, members, quantity=quantity, x=x, xscale=xscale, yscale=yscale,
+                            style=style, xlim=xlim, label_keys=label_keys, colors=colors)
+        drawn, any_ode = drawn + n, any_ode or ode
+        if facet is not None:
+            ax.set_title(_fmt(facet, fval), fontsize=10)
+        if ax not in axes[:, 0]:
+            ax.set_ylabel("")
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    if not drawn:
+        raise ValueError(f"no curve has the quantity '{quantity}' (c_overlap needs joint ĉ)")
+    legend(axes.flat[0], _all_handles(axes)[0], style=style, ode=any_ode)
+    fig.suptitle(wrap_title(title if title is not None else describe(curves), width),
+                 fontsize=10)
+    return fig
+
+
+def _all_handles(axes):
+    seen, handles = {}, []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in seen:
+                seen[lab] = h
+                handles.append(h)
+    return handles, list(seen)
+
+
+def _facets(curves, facet):
+    if facet is None:
+        return [(None, curves)]
+    groups: dict[str, tuple] = {}
+    for c in curves:
+        v = c.attrs.get(facet)
+        groups.setdefault(repr(v), (v, []))[1].append(c)
+    items = list(groups.values())
+    try:
+        items.sort(key=lambda item: item[0])
+    except TypeError:
+        pass
+    return items
+
+
+def _check_options(curves, quantity, x, xscale, hue, facet, style):
+    if quantity not in QUANTITIES:
+        raise ValueError(f"unknown quantity {quantity!r}; valid: {', '.join(QUANTITIES)}")
+    if x not in X_UNITS:
+        raise ValueError(f"unknown x {x!r}; valid: {', '.join(X_UNITS)}")
+    if xscale not in ("log", "linear"):
+        raise ValueError(f"xscale must be log or linear, got {xscale!r}")
+    if style not in ("band", "runs"):
+        raise ValueError(f"style must be band or runs, got {style!r}")
+    known = sorted({k for c in curves for k in c.attrs})
+    for opt, name in (("--hue", hue), ("--facet", facet)):
+        if name is not None and name not in known:
+            raise ValueError(f"unknown {opt} axis {name!r}; available: {', '.join(known)}")
+
+
+def save_figure(fig, path) -> Path:
+    """Save by extension (.png, .pdf, .svg) and close the figure."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise ValueError(f"--out {path}: the extension must be .png, .pdf or .svg")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

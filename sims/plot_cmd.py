@@ -1,0 +1,41 @@
+"""``loradyn plot FILE.h5 [FILE ...]``: overlap, loss or ⟨ĉ, c⟩ against steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .plot import QUANTITIES, X_UNITS, load_curves, plot_curves, save_figure
+
+__all__ = ["plot"]
+
+
+@click.command("plot")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--quantity", type=click.Choice(list(QUANTITIES)), default="overlap",
+              help="What to plot against steps.")
+@click.option("--x", "x", type=click.Choice(list(X_UNITS)), default="steps",
+              help="x axis: SGD steps, steps divided by the cell's d, or η·steps.")
+@click.option("--xscale", type=click.Choice(["log", "linear"]), default="log",
+              help="x axis scale (log drops step 0).")
+@click.option("--yscale", type=click.Choice(["linear", "log"]), default="linear",
+              help="y axis scale.")
+@click.option("--hue", default=None, metavar="AXIS",
+              help="Colour curves by this sweep axis / attribute (e.g. xi, activation).")
+@click.option("--facet", default=None, metavar="AXIS",
+              help="One panel per value of this sweep axis / attribute.")
+@click.option("--style", type=click.Choice(["band", "runs"]), default="band",
+              help="Median with its 10–90 % band, or every run as a thin line.")
+@click.option("--title", default=None, help="Figure title [default: the shared instance].")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="Output figure; format from the extension (.png, .pdf, .svg).")
+def plot(files, quantity, x, xscale, yscale, hue, facet, style, title, out):
+    """Plot trajectory files (loradyn run) and sweep files (loradyn sweep)."""
+    if Path(out).suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise click.BadParameter("extension must be .png, .pdf or .svg", param_hint="--out")
+    curves = load_curves(files)
+    fig = plot_curves(curves, quantity=quantity, x=x, xscale=xscale, yscale=yscale, hue=hue,
+                      facet=facet, style=style, title=title)
+    save_figure(fig, out)
+    click.echo(f"wrote {out} ({len(curves)} curve(s))")

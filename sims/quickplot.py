@@ -1,0 +1,58 @@
+"""A plain overlap-vs-steps figure of one trajectory (``loradyn run --plot``)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from dynamics.trajectory import Trajectory
+
+__all__ = ["plot_overlap", "instance_title"]
+
+
+def instance_title(config) -> str:
+    """One line naming the instance and the learner settings."""
+    spec = config.instance
+    xi = (", ".join(f"{x:g}" for x in config.xi_values) if config.xi_values
+          else f"{spec.get('xi', 1.0):g}")
+    w = spec.get("W", "gram" if "gram" in spec else "orthonormal")
+    parts = [f"σ = {spec.get('activation')}", f"k = {spec.get('k')}", f"d = {spec.get('d')}",
+             f"ξ = {xi}", f"W {w if isinstance(w, str) else 'explicit'}",
+             f"η = {config.eta:.3g}", f"R = {config.runs}"]
+    variant = ("projected" if config.project else "unprojected") + (
+        ", joint ĉ" if config.joint_c else "")
+    return ", ".join(parts) + f" ({variant})"
+
+
+def plot_overlap(traj: Trajectory, path, title: str) -> Path:
+    """Median ⟨û, u⟩ with its 10–90 % band and the mean population ODE (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ok = ~traj.diverged
+    steps = traj.steps
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), constrained_layout=True)
+    if ok.any():
+        ov = traj.overlap[ok]
+        lo, med, hi = np.nanpercentile(ov, [10, 50, 90], axis=0)
+        ax.fill_between(steps, lo, hi, alpha=0.25, label="10–90 % of runs")
+        ax.plot(steps, med, lw=2, label=f"median of {int(ok.sum())} runs")
+    if np.isfinite(traj.ode).any():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ode = np.nanmean(traj.ode[ok] if ok.any() else traj.ode, axis=0)
+        ax.plot(steps, ode, "k--", lw=1.5, label="population ODE (mean)")
+    ax.set_xlabel("SGD step t")
+    ax.set_ylabel("overlap ⟨û_t, u⟩")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,148 @@
+"""Reproducing the paper's figures: run a recipe's sweep, draw its panels, note it in README.
+
+:func:`reproduce` runs the sweep of a :class:`~sims.figures.Recipe` (resumable, like
+``loradyn sweep``) into ``<out_dir>/<fig>[_quick].h5``, renders ``<fig>[_quick].png`` with
+:func:`render` and, if asked, records the figure, its exact command, the convention and the
+wall time in a section of ``<out_dir>/README.md`` (the rest of the README is kept).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .figures import FIGURES, Recipe
+from .plot import describe, draw_panel, legend, load_curves, save_figure, wrap_title
+from .sweep import run_sweep
+from .sweep_spec import parse_sweep
+
+__all__ = ["FIGURES", "ReproduceResult", "reproduce", "render", "figure_paths",
+           "check_learner", "update_readme"]
+
+
+@dataclass
+class ReproduceResult:
+    """Paths written and the wall time of :func:`reproduce`."""
+
+    name: str
+    h5: Path
+    png: Path
+    seconds: float
+
+
+def figure_paths(name: str, quick: bool, out_dir) -> tuple[Path, Path]:
+    stem = f"{name}_quick" if quick else name
+    out_dir = Path(out_dir)
+    return out_dir / f"{stem}.h5", out_dir / f"{stem}.png"
+
+
+def check_learner(recipe: Recipe) -> None:
+    """ValueError (one line) when the recipe needs a learner this loradyn does not have."""
+    if recipe.learner is None:
+        return
+    from dynamics.learners import LEARNERS
+
+    if recipe.learner not in LEARNERS:
+        raise ValueError(f"{recipe.name} needs the learner '{recipe.learner}', which is not "
+                         f"available in this loradyn (learners: {', '.join(LEARNERS)})")
+
+
+def get_recipe(name: str) -> Recipe:
+    try:
+        return FIGURES[name]
+    except KeyError:
+        raise ValueError(f"unknown figure {name!r}; valid: {', '.join(FIGURES)}") from None
+
+
+def reproduce(name: str, quick: bool = False, out_dir="results", scheduler=None,
+              echo=None, progress: bool = False) -> ReproduceResult:
+    """Run and render one figure (see the module docstring)."""
+    start = time.perf_counter()
+    recipe = get_recipe(name)
+    check_learner(recipe)
+    spec = parse_sweep(recipe.sweep(quick), source=None)
+    h5, png = figure_paths(name, quick, out_dir)
+    run_sweep(spec, h5, scheduler=scheduler, progress=progress, echo=echo)
+    save_figure(render(recipe, h5, quick), png)
+    return ReproduceResult(name, h5, png, time.perf_counter() - start)
+
+
+def _matches(attrs: dict, select: dict) -> bool:
+    for key, want in select.items():
+        have = attrs.get(key)
+        if isinstance(want, float) and isinstance(have, (int, float)):
+            if not math.isclose(have, want, rel_tol=1e-6):
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+QUANTITY_STYLE = ("-", ":")
+SHORT = {"overlap": "⟨û,u⟩", "abs_overlap": "|⟨û,u⟩|", "c_overlap": "⟨ĉ,c⟩", "loss": "loss"}
+
+
+def render(recipe: Recipe, h5, quick: bool):
+    """The Figure of a recipe from its sweep file: one panel per :class:`Panel`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = load_curves([h5])
+    panels = recipe.panels(quick)
+    width = 5.6 * len(panels) + 0.4
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.6), squeeze=False,
+                             constrained_layout=True)
+    for ax, panel in zip(axes.flat, panels, strict=True):
+        members = [c for c in curves if _matches(c.attrs, panel.select)]
+        if not members:
+            raise ValueError(f"{h5}: no finished cell for panel {panel.title!r}")
+        quantities = panel.quantity if isinstance(panel.quantity, tuple) else (panel.quantity,)
+        any_ode = False
+        for q, ls in zip(quantities, QUANTITY_STYLE, strict=False):
+            prefix = f"{SHORT[q]}: " if len(quantities) > 1 else ""
+            _, ode = draw_panel(ax, members, quantity=q, x=panel.x, xscale=panel.xscale,
+                                yscale=panel.yscale, hue=panel.hue, style=panel.style,
+                                prefix=prefix, ls=ls)
+            any_ode |= ode
+        if len(quantities) > 1:
+            ax.set_ylabel("overlap")
+        if panel.xlim_frac is not None:
+            ax.set_xlim(0, panel.xlim_frac * max(float(c.traj.steps[-1]) for c in members))
+        ax.set_title(panel.title, fontsize=10)
+        legend(ax, style=panel.style, ode=any_ode)
+    head = f"{recipe.name}{' (quick)' if quick else ''}: {describe(curves)}"
+    fig.suptitle(wrap_title(head, width), fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------- README
+def _section(recipe: Recipe, quick: bool, png: Path, command: str, seconds: float) -> str:
+    tag = f"{recipe.name}{'-quick' if quick else ''}"
+    title = f"{recipe.name.replace('fig', 'Figure ')}{' (quick)' if quick else ''}"
+    return (f"<!-- reproduce:{tag} -->\n## {title}\n\n![{title}]({png.name})\n\n"
+            f"{recipe.caption}\n\n```\n{command}\n```\n\nWall time: {seconds:.0f} s on this "
+            f"machine. Data: `{png.with_suffix('.h5').name}` (cells in "
+            f"`{png.with_suffix('.h5').name}.cells/`).\n<!-- /reproduce:{tag} -->\n")
+
+
+def update_readme(out_dir, recipe: Recipe, quick: bool, png: Path, command: str,
+                  seconds: float) -> Path:
+    """Insert or replace this figure's section of ``<out_dir>/README.md``; keep the rest."""
+    path = Path(out_dir) / "README.md"
+    text = path.read_text() if path.exists() else "# results/\n"
+    section = _section(recipe, quick, Path(png), command, seconds)
+    tag = re.escape(f"{recipe.name}{'-quick' if quick else ''}")
+    pattern = re.compile(rf"<!-- reproduce:{tag} -->.*?<!-- /reproduce:{tag} -->\n?", re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,37 @@
+"""``loradyn reproduce figN [--quick]``: the paper's App. B figures, data and PNG in results/."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import click
+
+from .reproduce import FIGURES, update_readme
+from .reproduce import reproduce as run_figure
+
+__all__ = ["reproduce"]
+
+
+@click.command("reproduce")
+@click.argument("figures", nargs=-1, required=True,
+                type=click.Choice([*FIGURES, "all"]))
+@click.option("--quick", is_flag=True,
+              help="Scaled-down sizes (d, k, runs, horizon) that finish in about a minute.")
+@click.option("--out-dir", type=click.Path(file_okay=False), default="results",
+              help="Where the HDF5 sweep files and the PNG figures go.")
+@click.option("--scheduler", default=None, metavar="ADDRESS|local:N",
+              help="dask scheduler for the cells (see loradyn sweep) [default: in-process].")
+@click.option("--readme/--no-readme", default=True,
+              help="Record each figure, its command and wall time in <out-dir>/README.md.")
+def reproduce(figures, quick, out_dir, scheduler, readme):
+    """Reproduce FIGURES (fig1 … fig6, or all) of the paper's App. B."""
+    names = list(FIGURES) if "all" in figures else list(dict.fromkeys(figures))
+    for name in names:
+        result = run_figure(name, quick=quick, out_dir=out_dir, scheduler=scheduler,
+                            echo=click.echo, progress=sys.stderr.isatty())
+        click.echo(f"{name}: wrote {result.h5} and {result.png} in {result.seconds:.0f} s")
+        if readme:
+            command = "loradyn reproduce " + name + (" --quick" if quick else "") + (
+                f" --out-dir {shlex.quote(str(out_dir))}" if str(out_dir) != "results" else "")
+            update_readme(out_dir, FIGURES[name], quick, result.png, command, result.seconds)

@@ -1,0 +1,131 @@
+"""Running a sweep: resume, batch, execute in-process or on dask, write cell by cell.
+
+:func:`run_sweep` validates every cell before touching the disk, takes the sidecar lock,
+skips cells whose hash already has a finished file, runs the remaining batches (in-process,
+or one batch per dask task with the results written here, by the client) and rebuilds the
+combined file after every finished batch. Finished cells that belong to no cell of the sweep
+file (the file was edited) make it refuse, unless ``update`` (then they are kept on disk, left
+out of the combined file, and the changed cells are computed).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .io import check_writable
+from .sweep_batch import MAX_BATCH_RUNS, plan_batches, run_batch
+from .sweep_io import SweepLock, cell_dir, finished_cells, rebuild_sweep_file, write_cell
+from .sweep_spec import SweepSpec
+
+__all__ = ["SweepResult", "run_sweep", "parse_scheduler"]
+
+
+@dataclass
+class SweepResult:
+    """What :func:`run_sweep` did: counts and wall time."""
+
+    out: Path
+    cells: int
+    reused: int
+    computed: int
+    stale: int
+    batches: int
+    seconds: float
+
+
+def parse_scheduler(value: str | None):
+    """None (in-process), ("local", N) or ("address", ADDRESS); ValueError if malformed."""
+    if value is None or value == "":
+        return None
+    if value.startswith("local:"):
+        try:
+            n = int(value.split(":", 1)[1])
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"--scheduler {value!r}: expected local:N with N ≥ 1 workers")
+        return ("local", n)
+    return ("address", value)
+
+
+def run_sweep(spec: SweepSpec, out, *, scheduler: str | None = None, batch: bool = True,
+              max_batch_runs: int = MAX_BATCH_RUNS, update: bool = False,
+              progress: bool = False, echo=None) -> SweepResult:
+    """Run (or resume) ``spec`` into the sweep file ``out``; see the module docstring."""
+    echo = echo or (lambda msg: None)
+    start = time.perf_counter()
+    cells = spec.cells()  # validates every cell first: bad input never touches the disk
+    target = parse_scheduler(scheduler)
+    out = check_writable(out)
+    with SweepLock(out):
+        finished = finished_cells(out)
+        current = {c.hash for c in cells}
+        stale = [h for h in finished if h not in current]
+        if stale and not update:
+            raise ValueError(
+                f"{out}: {len(stale)} finished cell(s) in {cell_dir(out).name}/ match no cell "
+                f"of {spec.source or 'this sweep'} (edited since?); pass --update to keep "
+                "them aside and compute the changed cells, or choose another --out")
+        finished = {h: p for h, p in finished.items() if h in current}
+        batches = [b for b in plan_batches(cells, batch, max_batch_runs)
+                   if any(c.hash not in finished for c in b.cells)]
+        todo = sum(c.hash not in finished for c in cells)
+        echo(f"sweep '{spec.name}': {len(cells)} cells, {len(cells) - todo} finished, "
+             f"{todo} to run in {len(batches)} batch(es)"
+             + (f"; {len(stale)} stale cell file(s) left aside" if stale else ""))
+        rebuild_sweep_file(out, spec, cells, finished)
+        reused = len(finished)
+        with tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress,
+                  desc="cells") as bar:
+            for batch_, trajs in _execute(batches, target, progress):
+                for i, (cell, traj) in enumerate(zip(batch_.cells, trajs, strict=True)):
+                    if cell.hash in finished:
+                        continue
+                    finished[cell.hash] = write_cell(out, cell, traj,
+                                                     cell.config.run_instances(),
+                                                     batch_.info(i))
+                    bar.update(1)
+                rebuild_sweep_file(out, spec, cells, finished)
+    return SweepResult(out, len(cells), reused, len(finished) - reused, len(stale),
+                       len(batches), time.perf_counter() - start)
+
+
+def _execute(batches, target, progress):
+    """Yield (batch, [Trajectory per cell]) as batches finish."""
+    if target is None:
+        for b in batches:
+            yield b, run_batch(b, progress=progress)
+        return
+    with _dask_client(target) as client:
+        from dask.distributed import as_completed
+
+        futures = {client.submit(run_batch, b, pure=False): b for b in batches}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+
+
+@contextmanager
+def _dask_client(target):
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise ValueError("--scheduler needs dask.distributed (pip install 'loradyn[dask]')"
+                         ) from None
+    kind, value = target
+    with ExitStack() as stack:
+        if kind == "local":
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=value, processes=True, threads_per_worker=1,
+                dashboard_address=None))
+            client = stack.enter_context(Client(cluster))
+        else:
+            try:
+                client = stack.enter_context(Client(value, timeout="10s"))
+            except (OSError, TimeoutError) as exc:
+                raise OSError(f"cannot reach dask scheduler {value}: {exc}") from None
+        yield client

@@ -1,0 +1,129 @@
+"""Batching sweep cells on the run axis, running a batch, and splitting its trajectory.
+
+Cells whose configs differ only in the instance's ξ or seed share every shape, so they run as
+one batch: a :class:`BatchConfig` whose runs are the member cells' runs back to back (each
+member's own per-run instances, e.g. per-run seeds). The engines only see a RunConfig whose
+``run_instances()`` lists those instances. The batch plan is a function of the sweep file
+alone, so a sweep reproduces exactly whatever interrupted it. Run r of a batch draws its data
+from the streams of (seed, r): a cell's numbers depend on its offset in its batch (recorded
+with the cell), not on anything else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from dynamics.config import RunConfig
+from dynamics.trajectory import Trajectory
+
+from .sweep_spec import Cell
+
+__all__ = ["BatchConfig", "Batch", "plan_batches", "run_batch", "split_trajectory"]
+
+BATCHABLE = ("xi", "seed")  # instance keys that may differ inside a batch
+MAX_BATCH_RUNS = 256
+
+
+@dataclass
+class BatchConfig(RunConfig):
+    """A RunConfig whose runs are the concatenated runs of ``members`` (same shapes)."""
+
+    members: tuple = ()
+
+    def run_instances(self):
+        out = []
+        for member in self.members:
+            out.extend(member.run_instances())
+        return out
+
+
+@dataclass
+class Batch:
+    """Cells run together. ``cells`` in run order; ``offsets[i]`` = first run of cell i."""
+
+    cells: list
+    offsets: list = field(default_factory=list)
+
+    @property
+    def config(self) -> RunConfig:
+        if len(self.cells) == 1:
+            return self.cells[0].config
+        members = tuple(c.config for c in self.cells)
+        runs = sum(m.runs for m in members)
+        return BatchConfig(**(_fields(members[0]) | {"runs": runs}), members=members)
+
+    def info(self, i: int) -> dict:
+        """What a cell records about its batch (for provenance)."""
+        return {"cells": [c.index for c in self.cells], "run_offset": self.offsets[i],
+                "runs": sum(c.config.runs for c in self.cells)}
+
+
+def _fields(config: RunConfig) -> dict:
+    return {f: getattr(config, f) for f in RunConfig.__dataclass_fields__}
+
+
+def _key(cell: Cell) -> str:
+    data = cell.config.to_dict()
+    data["instance"] = {k: v for k, v in data["instance"].items() if k not in BATCHABLE}
+    data.pop("runs")
+    return json.dumps([data, cell.first_passage, cell.absolute], sort_keys=True, default=str)
+
+
+def plan_batches(cells: list[Cell], batch: bool = True,
+                 max_runs: int = MAX_BATCH_RUNS) -> list[Batch]:
+    """Group cells with equal keys (in grid order), at most ``max_runs`` runs per batch."""
+    if not batch:
+        return [Batch([c], [0]) for c in cells]
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        if cell.config.xi_values is None:
+            groups.setdefault(_key(cell), []).append(cell)
+        else:
+            groups.setdefault(f"single-{cell.index}", []).append(cell)
+    out = []
+    for members in groups.values():
+        cur, runs = [], 0
+        for cell in members:
+            if cur and runs + cell.config.runs > max_runs:
+                out.append(_batch(cur))
+                cur, runs = [], 0
+            cur.append(cell)
+            runs += cell.config.runs
+        out.append(_batch(cur))
+    return sorted(out, key=lambda b: b.cells[0].index)
+
+
+def _batch(cells: list[Cell]) -> Batch:
+    offsets = np.concatenate([[0], np.cumsum([c.config.runs for c in cells])[:-1]])
+    return Batch(list(cells), [int(o) for o in offsets])
+
+
+def run_batch(batch: Batch, progress: bool = False) -> list[Trajectory]:
+    """Simulate a batch; one Trajectory per cell (exact first passages in ``extra``)."""
+    from dynamics.engine import choose_engine, simulate
+
+    config = batch.config
+    traj = simulate(config, progress=progress)
+    levels = batch.cells[0].first_passage
+    if levels and choose_engine(config) == "reduced":
+        from dynamics.reduced import first_passage_reduced
+
+        for level in levels:
+            traj.extra[f"first_passage_{level:g}"] = first_passage_reduced(
+                config, level, absolute=batch.cells[0].absolute)
+    return [split_trajectory(traj, off, c.config.runs)
+            for c, off in zip(batch.cells, batch.offsets, strict=True)]
+
+
+PER_RUN = ("overlap", "loss", "ode", "diverged_step", "xi", "instance_seed", "c_overlap", "m0")
+
+
+def split_trajectory(traj: Trajectory, start: int, runs: int) -> Trajectory:
+    """Runs [start, start + runs) of a batch trajectory."""
+    sl = slice(start, start + runs)
+    parts = {n: (getattr(traj, n)[sl] if getattr(traj, n) is not None else None)
+             for n in PER_RUN}
+    return replace(traj, **parts, extra={k: np.asarray(v)[sl] for k, v in traj.extra.items()})

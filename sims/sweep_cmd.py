@@ -1,0 +1,51 @@
+"""``loradyn sweep SPEC.toml``: run a grid of cells into one resumable HDF5 sweep file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .sweep import run_sweep
+from .sweep_batch import MAX_BATCH_RUNS
+from .sweep_spec import load_sweep
+
+__all__ = ["sweep", "default_out"]
+
+
+def default_out(spec_path) -> Path:
+    """results/<spec stem>.h5."""
+    return Path("results") / f"{Path(spec_path).stem}.h5"
+
+
+@click.command("sweep")
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Sweep HDF5 file [default: results/<SPEC stem>.h5]; finished cells also "
+                   "live in <out>.cells/.")
+@click.option("--scheduler", default=None, metavar="ADDRESS|local:N",
+              help="Send cells to a dask.distributed scheduler at ADDRESS, or start a local "
+                   "cluster of N worker processes [default: in-process].")
+@click.option("--no-batch", is_flag=True,
+              help="Run every cell alone instead of batching cells that differ only in ξ or "
+                   "instance seed on the run axis.")
+@click.option("--max-batch-runs", type=click.IntRange(min=1), default=MAX_BATCH_RUNS,
+              help="Largest number of runs in one batch.")
+@click.option("--update", is_flag=True,
+              help="Resume even if finished cells no longer match the sweep file (they stay "
+                   "in <out>.cells/ but leave the sweep file; the changed cells are computed).")
+@click.option("--dry-run", is_flag=True, help="List the cells and exit.")
+def sweep(spec, out, scheduler, no_batch, max_batch_runs, update, dry_run):
+    """Run (or resume) the sweep described by SPEC (TOML; see docs/sweeps.md)."""
+    parsed = load_sweep(spec)
+    out = Path(out) if out else default_out(spec)
+    if dry_run:
+        for cell in parsed.cells():
+            click.echo(f"{cell.name}  {cell.hash[:12]}  {cell.label}")
+        return
+    result = run_sweep(parsed, out, scheduler=scheduler, batch=not no_batch,
+                       max_batch_runs=max_batch_runs, update=update,
+                       progress=sys.stderr.isatty(), echo=click.echo)
+    click.echo(f"computed {result.computed} cell(s), reused {result.reused}, "
+               f"in {result.seconds:.1f} s; wrote {result.out}")

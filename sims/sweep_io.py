@@ -1,0 +1,278 @@
+"""Sweep files on disk: one file per finished cell, and the combined sweep file.
+
+Layout for ``--out results/x.h5``:
+
+* ``results/x.h5.cells/<hash16>.h5`` — one finished cell, a regular trajectory file
+  (:mod:`sims.io`) plus the attributes ``sweep_cell_hash``, ``sweep_axes`` and ``sweep_batch``,
+  written under a temporary name, fsynced and moved into place with ``os.replace``: a file
+  with a final name is always complete.
+* ``results/x.h5`` — the combined file, rebuilt from the cell files (temporary file +
+  ``os.replace``) after every finished batch: root attributes (format ``loradyn-sweep``, the
+  sweep spec, its dimensions, provenance, counts) and one group ``/cells/cell_0007`` per
+  finished cell holding that cell's datasets and attributes plus ``cell_index``, ``hash``,
+  ``axes`` (JSON).
+
+Killing the writer at any moment leaves every finished cell intact (``kill -9`` included).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from dynamics.trajectory import Trajectory
+
+from .io import (
+    DATASETS,
+    TrajectoryFileError,
+    _package_version,
+    check_writable,
+    git_commit,
+    write_trajectory,
+)
+
+__all__ = [
+    "SWEEP_FORMAT",
+    "SWEEP_FORMAT_VERSION",
+    "SweepCellData",
+    "cell_dir",
+    "cell_path",
+    "SweepLock",
+    "write_cell",
+    "finished_cells",
+    "rebuild_sweep_file",
+    "read_sweep",
+    "file_format",
+    "atomic_replace",
+]
+
+SWEEP_FORMAT = "loradyn-sweep"
+SWEEP_FORMAT_VERSION = 1
+CELL_SUFFIX = ".h5"
+PARTIAL = ".partial.h5"
+
+
+def cell_dir(out) -> Path:
+    """The sidecar directory of finished cells next to the sweep file ``out``."""
+    out = Path(out)
+    return out.parent / f"{out.name}.cells"
+
+
+def cell_path(out, digest: str) -> Path:
+    return cell_dir(out) / f"{digest[:16]}{CELL_SUFFIX}"
+
+
+class SweepLock:
+    """An exclusive lock on a sweep's sidecar directory (released on exit or process death)."""
+
+    def __init__(self, out):
+        self.dir = cell_dir(out)
+        self.fd = None
+
+    def __enter__(self):
+        check_writable(self.dir / "x.h5")
+        self.fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise OSError(f"another loradyn process is writing {self.dir} (lock held)") from None
+        self._clean()
+        return self
+
+    def _clean(self) -> None:
+        """Remove temporary files left by a killed writer (only ours, by name)."""
+        for p in self.dir.iterdir():
+            if p.name.startswith(".") and (p.name.endswith(PARTIAL) or
+                                           p.name.endswith(".tmp.h5")):
+                p.unlink(missing_ok=True)
+        parent = self.dir.parent
+        stem = self.dir.name[: -len(".cells")]
+        for p in parent.glob(f".{stem}.*.tmp.h5"):
+            p.unlink(missing_ok=True)
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_replace(tmp: Path, final: Path) -> None:
+    """fsync ``tmp``, give it the usual file mode, move it onto ``final``, fsync the folder."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    _fsync(tmp)
+    os.replace(tmp, final)
+    _fsync(final.parent)
+
+
+def write_cell(out, cell, traj: Trajectory, instances, batch_info: dict) -> Path:
+    """Write one finished cell atomically into the sidecar directory; its final path."""
+    final = cell_path(out, cell.hash)
+    tmp = final.parent / f".{final.stem}.{os.getpid()}{PARTIAL}"
+    try:
+        write_trajectory(tmp, traj, cell.config, instances)
+        with h5py.File(tmp, "r+") as f:
+            f.attrs["sweep_cell_hash"] = cell.hash
+            f.attrs["sweep_axes"] = json.dumps(cell.axes, default=str)
+            f.attrs["sweep_batch"] = json.dumps(batch_info)
+        atomic_replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+def _cell_hash(path: Path) -> str | None:
+    try:
+        with h5py.File(path, "r") as f:
+            val = f.attrs.get("sweep_cell_hash")
+            complete = bool(f.attrs.get("complete", False))
+    except OSError:
+        return None
+    if isinstance(val, bytes):
+        val = val.decode()
+    return val if complete else None
+
+
+def finished_cells(out) -> dict[str, Path]:
+    """Hash → path of every complete cell file in the sidecar directory."""
+    folder = cell_dir(out)
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for p in sorted(folder.glob(f"*{CELL_SUFFIX}")):
+        if p.name.startswith("."):
+            continue
+        digest = _cell_hash(p)
+        if digest is None:
+            raise TrajectoryFileError(f"{p} is not a finished sweep cell (damaged?); move it "
+                                      "away to recompute that cell")
+        found[digest] = p
+    return found
+
+
+def rebuild_sweep_file(out, spec, cells, finished: dict[str, Path]) -> Path:
+    """Write the combined sweep file from the finished cell files (atomic replace)."""
+    out = check_writable(out)
+    tmp = out.parent / f".{out.name}.{os.getpid()}.tmp.h5"
+    done = [c for c in cells if c.hash in finished]
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = SWEEP_FORMAT
+            f.attrs["format_version"] = SWEEP_FORMAT_VERSION
+            f.attrs["loradyn_version"] = _package_version()
+            f.attrs["git_commit"] = git_commit()
+            f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(
+                timespec="seconds")
+            f.attrs["sweep"] = json.dumps(spec.to_dict(), default=str)
+            f.attrs["dimensions"] = json.dumps(spec.dimensions(), default=str)
+            f.attrs["cell_dir"] = cell_dir(out).name
+            f.attrs["n_cells"] = len(cells)
+            f.attrs["n_finished"] = len(done)
+            group = f.create_group("cells")
+            for cell in done:
+                with h5py.File(finished[cell.hash], "r") as src:
+                    group.copy(src, cell.name)
+                g = group[cell.name]
+                g.attrs["cell_index"] = cell.index
+                g.attrs["hash"] = cell.hash
+                g.attrs["axes"] = json.dumps(cell.axes, default=str)
+            f.attrs["complete"] = len(done) == len(cells)
+        atomic_replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+# ---------------------------------------------------------------- reading
+@dataclass
+class SweepCellData:
+    """One cell read back: name, axis values, resolved config dict, Trajectory, attributes."""
+
+    name: str
+    axes: dict
+    config: dict
+    traj: Trajectory
+    meta: dict
+
+
+def file_format(path) -> str:
+    """The ``format`` attribute of an HDF5 file (TrajectoryFileError if unreadable)."""
+    path = Path(path)
+    if not path.exists():
+        raise TrajectoryFileError(f"no such file: {path}")
+    if not h5py.is_hdf5(path):
+        raise TrajectoryFileError(f"{path} is not an HDF5 file")
+    try:
+        with h5py.File(path, "r") as f:
+            fmt = f.attrs.get("format", "")
+    except OSError:
+        raise TrajectoryFileError(f"{path} is a truncated or half-written HDF5 file") from None
+    return fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+
+
+def _attrs(obj) -> dict:
+    out = {}
+    for key, val in obj.attrs.items():
+        if isinstance(val, bytes):
+            val = val.decode()
+        elif isinstance(val, np.generic):
+            val = val.item()
+        out[key] = val
+    return out
+
+
+def _trajectory(g, meta: dict) -> Trajectory:
+    arrays = {n: g[n][()] for n in DATASETS if n in g}
+    extra = {n: g["extra"][n][()] for n in g["extra"]} if "extra" in g else {}
+    return Trajectory(
+        steps=arrays["steps"], overlap=arrays["overlap"], loss=arrays["loss"],
+        ode=arrays["ode"], diverged_step=arrays["diverged_step"], xi=arrays["xi"],
+        instance_seed=arrays["instance_seed"], c_overlap=arrays.get("c_overlap"),
+        loss_kind=meta.get("loss_kind", "exact"), dtype=meta.get("dtype", "float64"),
+        device=meta.get("device", "cpu"), engine=meta.get("engine", "full"), extra=extra,
+        m0=arrays.get("m0"))
+
+
+def read_sweep(path) -> tuple[dict, list[SweepCellData]]:
+    """(root attributes with ``sweep``/``dimensions`` parsed, finished cells in grid order)."""
+    fmt = file_format(path)
+    if fmt != SWEEP_FORMAT:
+        raise TrajectoryFileError(f"{path} is not a loradyn sweep file (format {fmt!r})")
+    with h5py.File(path, "r") as f:
+        meta = _attrs(f)
+        if int(meta.get("format_version", -1)) > SWEEP_FORMAT_VERSION:
+            raise TrajectoryFileError(f"{path}: sweep format version "
+                                      f"{meta['format_version']} is newer than this loradyn")
+        for key in ("sweep", "dimensions"):
+            meta[key] = json.loads(meta.get(key, "{}"))
+        cells = []
+        names = sorted(f["cells"], key=lambda n: int(f["cells"][n].attrs["cell_index"]))
+        for name in names:
+            g = f["cells"][name]
+            cmeta = _attrs(g)
+            config = json.loads(cmeta.pop("config"))
+            axes = json.loads(cmeta.pop("axes"))
+            cells.append(SweepCellData(name, axes, config, _trajectory(g, cmeta), cmeta))
+    return meta, cells

@@ -1,0 +1,309 @@
+"""Sweep files: a base run configuration and the axes to vary (``docs/sweeps.md``).
+
+A sweep file (TOML) has a ``[base]`` table of run-config fields with a ``[base.instance]``
+table (or a path to an instance spec file), an ``[axes]`` table (axis name → list of values)
+and optionally ``[[cases]]`` (an explicit list of partial settings, one more dimension of the
+grid) and ``[sweep]`` (name, exact first-passage levels). The cells are the Cartesian product
+of the axes (in file order) and the cases; each resolves to a validated
+:class:`~dynamics.config.RunConfig` and a content hash that identifies its results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+from dynamics.config import RunConfig
+from dynamics.instance import SPEC_KEYS, load_spec
+
+__all__ = [
+    "SweepSpecError",
+    "SweepSpec",
+    "Cell",
+    "INSTANCE_AXES",
+    "CONFIG_AXES",
+    "AXES",
+    "load_sweep",
+    "parse_sweep",
+]
+
+SWEEP_FORMAT_VERSION = 1  # part of every cell hash: bump when a cell's meaning changes
+# axis name → instance spec key ("instance_seed" is the instance's own seed)
+INSTANCE_AXES = {k: k for k in SPEC_KEYS if k not in ("seed", "gram")} | {"instance_seed": "seed"}
+_CONFIG_FIELDS = tuple(f for f in RunConfig.__dataclass_fields__
+                       if f not in ("instance", "xi_values", "extra"))
+DERIVED = ("eta_times_d", "steps_per_d")  # η = eta_times_d / d, steps = steps_per_d · d
+CONFIG_AXES = _CONFIG_FIELDS + DERIVED
+AXES = tuple(INSTANCE_AXES) + CONFIG_AXES
+BOOL_FIELDS = ("joint_c", "project")
+SWEEP_KEYS = ("name", "first_passage", "absolute")
+TOP_KEYS = ("sweep", "base", "axes", "cases")
+# pairs that say the same thing two ways
+EXCLUSIVE = (("eta", "eta_times_d"), ("steps", "steps_per_d"))
+
+
+class SweepSpecError(ValueError):
+    """A malformed or self-contradictory sweep file (one-line message naming the problem)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the grid.
+
+    index : position in the grid (row-major over the axes, then cases); name ``cell_0007``.
+    axes : the values this cell sets (axis name → value), including the case's keys.
+    config : its validated RunConfig. first_passage : exact first-passage levels to record.
+    hash : sha256 of the resolved config (identifies finished results on resume).
+    """
+
+    index: int
+    axes: dict
+    config: RunConfig
+    first_passage: tuple
+    absolute: bool
+    hash: str
+
+    @property
+    def name(self) -> str:
+        return f"cell_{self.index:04d}"
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in self.axes.items())
+
+
+@dataclass
+class SweepSpec:
+    """A parsed sweep file: see the module docstring and ``docs/sweeps.md``."""
+
+    base: dict
+    instance: dict
+    axes: dict
+    cases: list = field(default_factory=list)
+    name: str = "sweep"
+    first_passage: tuple = ()
+    absolute: bool = True
+    source: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "base": self.base, "instance": self.instance,
+                "axes": self.axes, "cases": self.cases,
+                "first_passage": list(self.first_passage), "absolute": self.absolute}
+
+    def dimensions(self) -> dict:
+        """Axis name → list of values, with the cases as one dimension named ``case``."""
+        dims = dict(self.axes)
+        if self.cases:
+            dims["case"] = [_case_label(c) for c in self.cases]
+        return dims
+
+    def cells(self) -> list[Cell]:
+        """Every cell of the grid, resolved and validated (SweepSpecError naming the cell)."""
+        names = list(self.axes)
+        cases = self.cases or [{}]
+        out = []
+        for i, (values, case) in enumerate(itertools.product(
+                itertools.product(*(self.axes[n] for n in names)), cases)):
+            setting = dict(zip(names, values, strict=True)) | case
+            out.append(self._cell(i, setting))
+        return out
+
+    def _cell(self, index: int, setting: dict) -> Cell:
+        cfg, inst = dict(self.base), dict(self.instance)
+        for name, value in setting.items():
+            if name in INSTANCE_AXES:
+                inst[INSTANCE_AXES[name]] = value
+            else:
+                cfg[name] = value
+        where = f"sweep cell {index} ({', '.join(f'{k}={_fmt(v)}' for k, v in setting.items())})"
+        try:
+            config = resolve_config(cfg, inst)
+        except ValueError as exc:
+            raise SweepSpecError(f"{where}: {exc}") from None
+        digest = cell_hash(config, self.first_passage, self.absolute)
+        return Cell(index, setting, config, self.first_passage, self.absolute, digest)
+
+
+def _fmt(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _case_label(case: dict) -> str:
+    return ", ".join(f"{k}={_fmt(v)}" for k, v in case.items())
+
+
+def resolve_config(cfg: dict, inst: dict) -> RunConfig:
+    """RunConfig from run fields (with eta_times_d/steps_per_d) and an instance spec."""
+    cfg = dict(cfg)
+    d = inst.get("d")
+    for derived, target in (("eta_times_d", "eta"), ("steps_per_d", "steps")):
+        if derived in cfg:
+            scale = cfg.pop(derived)
+            if not _is_number(scale) or scale <= 0:
+                raise ValueError(f"'{derived}' must be a number > 0, got {scale!r}")
+            if not isinstance(d, int) or isinstance(d, bool):
+                raise ValueError(f"'{derived}' needs the instance key 'd' (an integer)")
+            cfg[target] = scale / d if target == "eta" else max(1, round(scale * d))
+    for name in ("eta", "steps"):
+        if name not in cfg:
+            raise ValueError(f"give '{name}' or '{name}_{'times' if name == 'eta' else 'per'}_d'"
+                             " in [base], [axes] or [[cases]]")
+    for name in BOOL_FIELDS:
+        if name in cfg and not isinstance(cfg[name], bool):
+            raise ValueError(f"run config: '{name}' must be true or false, got {cfg[name]!r}")
+    if isinstance(cfg.get("eta"), int) and not isinstance(cfg["eta"], bool):
+        cfg["eta"] = float(cfg["eta"])
+    return RunConfig(instance=inst, **cfg).validate()
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def cell_hash(config: RunConfig, first_passage=(), absolute=True) -> str:
+    """sha256 of the resolved cell (format version, config, first-passage levels)."""
+    blob = json.dumps({"format_version": SWEEP_FORMAT_VERSION, "config": config.to_dict(),
+                       "first_passage": [float(x) for x in first_passage],
+                       "absolute": bool(absolute)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- parsing
+def load_sweep(path) -> SweepSpec:
+    """Read and check a sweep TOML file (SweepSpecError with a one-line reason)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SweepSpecError(f"no such sweep file: {path}") from None
+    except OSError as exc:
+        raise SweepSpecError(f"cannot read sweep file {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SweepSpecError(f"sweep file {path} is not valid TOML ({exc})") from None
+    return parse_sweep(data, source=path)
+
+
+def parse_sweep(data: dict, source=None) -> SweepSpec:
+    """Check a sweep dict (as read from TOML) and return the :class:`SweepSpec`."""
+    where = f"sweep file {source}" if source else "sweep"
+    try:
+        spec = _parse(data, Path(source).parent if source else Path("."))
+    except SweepSpecError as exc:
+        raise SweepSpecError(f"{where}: {exc}") from None
+    spec.source = str(source or "")
+    return spec
+
+
+def _parse(data: dict, root: Path) -> SweepSpec:
+    _known(data, TOP_KEYS, "top-level table")
+    meta = _table(data, "sweep")
+    _known(meta, SWEEP_KEYS, "[sweep] key")
+    base = _table(data, "base")
+    instance = _instance(base.pop("instance", None), root)
+    _known(base, CONFIG_AXES, "[base] key")
+    if "xi_values" in base:
+        raise SweepSpecError("'xi_values' is not allowed in [base]; sweep ξ with [axes] xi")
+    axes = _axes(_table(data, "axes"))
+    cases = _cases(data.get("cases", []))
+    if not axes and not cases:
+        raise SweepSpecError("empty grid: [axes] names no axis and there are no [[cases]]")
+    _check_conflicts(base, instance, axes, cases)
+    levels = meta.get("first_passage", [])
+    if not isinstance(levels, list) or not all(_is_number(x) for x in levels):
+        raise SweepSpecError("[sweep] first_passage must be a list of numbers")
+    absolute = meta.get("absolute", True)
+    if not isinstance(absolute, bool):
+        raise SweepSpecError("[sweep] absolute must be true or false")
+    name = meta.get("name", "sweep")
+    if not isinstance(name, str):
+        raise SweepSpecError("[sweep] name must be a string")
+    return SweepSpec(base, instance, axes, cases, name, tuple(float(x) for x in levels),
+                     absolute)
+
+
+def _table(data: dict, key: str) -> dict:
+    val = data.get(key, {})
+    if not isinstance(val, dict):
+        raise SweepSpecError(f"'{key}' must be a table")
+    return dict(val)
+
+
+def _known(table: dict, valid, what: str) -> None:
+    unknown = [k for k in table if k not in valid]
+    if unknown:
+        raise SweepSpecError(f"unknown {what} '{unknown[0]}'; valid: {', '.join(valid)}")
+
+
+def _instance(value, root: Path) -> dict:
+    if value is None:
+        raise SweepSpecError("[base.instance] is required (a table of instance keys or a path)")
+    if isinstance(value, str):
+        path = Path(value) if Path(value).is_absolute() else root / value
+        try:
+            return load_spec(path)
+        except ValueError as exc:
+            raise SweepSpecError(f"[base] instance: {exc}") from None
+    if not isinstance(value, dict):
+        raise SweepSpecError("[base.instance] must be a table or a path to a spec file")
+    bad = [k for k in value if k not in SPEC_KEYS]
+    if bad:
+        raise SweepSpecError(f"unknown [base.instance] key '{bad[0]}'; valid: "
+                             f"{', '.join(SPEC_KEYS)}")
+    return dict(value)
+
+
+def _axes(table: dict) -> dict:
+    for name, values in table.items():
+        if name not in AXES:
+            raise SweepSpecError(f"unknown axis '{name}'; valid axes: {', '.join(AXES)}")
+        if not isinstance(values, list):
+            raise SweepSpecError(f"axis '{name}' must be a list of values, got {values!r}")
+        if not values:
+            raise SweepSpecError(f"empty grid: axis '{name}' has no values")
+        keys = [json.dumps(v, sort_keys=True) for v in values]
+        if len(set(keys)) != len(keys):
+            raise SweepSpecError(f"axis '{name}' repeats a value")
+    return table
+
+
+def _cases(cases) -> list:
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        raise SweepSpecError("[[cases]] must be an array of tables")
+    for i, case in enumerate(cases):
+        if not case:
+            raise SweepSpecError(f"case {i} is empty")
+        for name in case:
+            if name not in AXES:
+                raise SweepSpecError(f"case {i}: unknown key '{name}'; valid: {', '.join(AXES)}")
+    keys = [json.dumps(c, sort_keys=True) for c in cases]
+    if len(set(keys)) != len(keys):
+        raise SweepSpecError("two [[cases]] are identical")
+    return [dict(c) for c in cases]
+
+
+def _check_conflicts(base: dict, instance: dict, axes: dict, cases: list) -> None:
+    """An axis (or case key) also fixed in [base] must agree; exclusive pairs never mix."""
+    fixed = dict(base) | {a: instance[k] for a, k in INSTANCE_AXES.items() if k in instance}
+    for name, values in axes.items():
+        if name in fixed and fixed[name] not in values:
+            table = "[base.instance]" if name in INSTANCE_AXES else "[base]"
+            raise SweepSpecError(f"axis '{name}' is also fixed in {table} as {fixed[name]!r}, "
+                                 f"which is not among its values {values}; remove one")
+    case_keys = {k for c in cases for k in c}
+    for name in case_keys:
+        if name in axes:
+            raise SweepSpecError(f"'{name}' is both an axis and a [[cases]] key")
+        if name in fixed:
+            raise SweepSpecError(f"[[cases]] key '{name}' is also fixed in [base]; remove one")
+    present = set(fixed) | set(axes) | case_keys
+    for a, b in EXCLUSIVE:
+        if a in present and b in present:
+            raise SweepSpecError(f"'{a}' and '{b}' are both given; use one")

@@ -1,0 +1,143 @@
+"""Closed-form sample gradients and steps of the finetune learner against autograd."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dynamics import sphere
+from dynamics.instance import build_instance
+from dynamics.learners import Finetune, Problem
+from dynamics.sampling import uniform_perp_directions
+
+ACTIVATIONS = ("relu", "abs", "sigmoid", "tanh", "erf", "quadratic", "linear", "he3")
+
+K, D, R, B = 4, 11, 3, 2
+F64 = torch.float64
+
+
+def _instance(activation, u_alpha=0.0, W="orthonormal", seed=3):
+    return build_instance({"activation": activation, "k": K, "d": D, "xi": 1.3, "W": W,
+                           "c": "gaussian", "c_hat": "gaussian", "lam": "random_sign",
+                           "u_alpha": u_alpha, "seed": seed})
+
+
+def _setup(activation, project, joint, u_alpha=0.0, W="orthonormal", batch=B, label_noise=0.0):
+    inst = _instance(activation, u_alpha, W)
+    problem = Problem.from_instances([inst] * R, torch.device("cpu"), F64)
+    learner = Finetune(problem, eta=0.07, eta_c=0.05, project=project, joint_c=joint,
+                       batch=batch, label_noise=label_noise)
+    gen = np.random.default_rng(11)
+    if project:
+        u0 = uniform_perp_directions(5, R, D, K)
+    else:
+        u0 = gen.standard_normal((R, D))
+        u0 /= np.linalg.norm(u0, axis=1, keepdims=True)
+    state = learner.init_state(u0)
+    state.c_hat += 0.2 * torch.as_tensor(gen.standard_normal((R, K)))  # any ĉ, not unit
+    x = torch.as_tensor(gen.standard_normal((R, batch, D)))
+    return inst, learner, state, x
+
+
+def _autograd(inst, u_hat, c_hat, x, project, label=None):
+    """∇ of L = (f*(x) − f̂(x))² w.r.t. û, ĉ, from full k×d matrices (the paper's model)."""
+    w = torch.zeros(K, D, dtype=F64)
+    w[:, :K] = torch.as_tensor(inst.w_factor)
+    u = torch.zeros(D, dtype=F64)
+    u[:K] = torch.as_tensor(inst.u_w)
+    u[K] = inst.u_perp
+    lam, c, xi = torch.as_tensor(inst.lam), torch.as_tensor(inst.c), inst.xi
+    uh = u_hat.clone().requires_grad_(True)
+    ch = c_hat.clone().requires_grad_(True)
+    v = w + xi * c[:, None] * u
+    v = v / v.norm(dim=1, keepdim=True)
+    vh = w + xi * ch[:, None] * uh
+    vh = vh / vh.norm(dim=1, keepdim=True)
+    sig = inst.activation.fn
+    y = sig(v @ x) @ lam if label is None else label
+    loss = (y - sig(vh @ x) @ lam) ** 2
+    gu, gc = torch.autograd.grad(loss, (uh, ch))
+    if project:
+        gu[:K] = 0.0
+    return sphere.proju(u_hat, gu), gc, loss.detach()
+
+
+def _close(ours, ref, rtol=1e-10):
+    scale = max(float(ref.abs().max()), 1e-300)
+    err = float((ours - ref).abs().max())
+    assert err <= rtol * scale, f"max error {err:.3g} vs scale {scale:.3g}"
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("project", [True, False], ids=["proj", "noproj"])
+@pytest.mark.parametrize("joint", [False, True], ids=["frozen", "joint"])
+@pytest.mark.parametrize("u_alpha", [0.0, 0.4])
+def test_sample_gradient_matches_autograd(activation, project, joint, u_alpha):
+    W = "separated" if u_alpha else "orthonormal"  # non-orthogonal rows too
+    inst, learner, state, x = _setup(activation, project, joint, u_alpha, W)
+    tangent, grad_c, loss = learner.sample_gradients(state, x)
+    for r in range(R):
+        for b in range(B):
+            ref_u, ref_c, ref_l = _autograd(inst, state.u_hat[r], state.c_hat[r], x[r, b],
+                                            project)
+            _close(tangent[r, b], ref_u)
+            _close(grad_c[r, b], ref_c)
+            _close(loss[r, b], ref_l)
+
+
+def test_label_noise_enters_the_label():
+    inst, learner, state, x = _setup("tanh", True, True, label_noise=0.3)
+    eps = torch.as_tensor(np.random.default_rng(2).standard_normal((R, B)))
+    tangent, grad_c, _ = learner.sample_gradients(state, x, eps)
+    clean, _, _ = learner.sample_gradients(state, x)
+    assert float((tangent - clean).abs().max()) > 1e-6
+    for r in range(R):
+        for b in range(B):
+            w = torch.zeros(K, D, dtype=F64)
+            w[:, :K] = torch.as_tensor(inst.w_factor)
+            u = torch.zeros(D, dtype=F64)
+            u[K] = inst.u_perp
+            v = w + inst.xi * torch.as_tensor(inst.c)[:, None] * u
+            v = v / v.norm(dim=1, keepdim=True)
+            y = torch.tanh(v @ x[r, b]) @ torch.as_tensor(inst.lam) + 0.3**0.5 * eps[r, b]
+            ref_u, ref_c, _ = _autograd(inst, state.u_hat[r], state.c_hat[r], x[r, b], True, y)
+            _close(tangent[r, b], ref_u)
+            _close(grad_c[r, b], ref_c)
+
+
+@pytest.mark.parametrize("activation", ["relu", "he3"])
+@pytest.mark.parametrize("project", [True, False], ids=["proj", "noproj"])
+@pytest.mark.parametrize("joint", [False, True], ids=["frozen", "joint"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_step_is_the_spherical_sgd_step(activation, project, joint, batch):
+    """step_ (closed-form normaliser, fused update) == retr(û, −η mean tangent) (eq. 4)."""
+    inst, learner, state, x = _setup(activation, project, joint, batch=batch)
+    tangent, grad_c, _ = learner.sample_gradients(state, x)
+    new = learner.step(state, x)
+    eta = learner.eta_r[:, None]
+    _close(new.u_hat, sphere.retr(state.u_hat, -eta * tangent.mean(1)), 1e-12)
+    expect_c = state.c_hat - learner.eta_c_r[:, None] * grad_c.mean(1) if joint else state.c_hat
+    _close(new.c_hat, expect_c, 1e-12)
+    assert new.step == state.step + 1 and state.step == 0  # pure: the input is untouched
+
+
+def test_zero_step_size_freezes_a_run():
+    _, learner, state, x = _setup("relu", True, True)
+    learner.eta_r[1] = 0.0
+    learner.eta_c_r[1] = 0.0
+    new = learner.step(state, x)
+    assert torch.allclose(new.u_hat[1], state.u_hat[1], rtol=0, atol=1e-15)  # up to projx
+    assert torch.equal(new.c_hat[1], state.c_hat[1])
+    assert not torch.equal(new.u_hat[0], state.u_hat[0])
+
+
+def test_sphere_geometry():
+    gen = torch.Generator().manual_seed(0)
+    x = sphere.projx(torch.randn(5, 7, generator=gen, dtype=F64))
+    v = torch.randn(5, 7, generator=gen, dtype=F64)
+    t = sphere.proju(x, v)
+    assert torch.allclose(x.norm(dim=-1), torch.ones(5, dtype=F64), atol=1e-15)
+    assert float(sphere.inner(x, t).abs().max()) < 1e-14  # tangent
+    assert torch.allclose(sphere.proju(x, t), t, atol=1e-15)  # idempotent
+    assert torch.allclose(sphere.retr(x, t).norm(dim=-1), torch.ones(5, dtype=F64))
