@@ -10,11 +10,23 @@ from .coefficients import (
     hermite_coefficients,
     parseval_residual,
 )
+from .corrected_ode import (
+    DriftTable,
+    corrected_mean,
+    corrected_ode,
+    corrected_steps_to_reach,
+    drift_table,
+    noise_floor,
+    stationary_moments,
+)
 from .gradient import H_METHODS, h, h0_sign
 from .kernels import dual_kernel, dual_kernel_derivative, kernel_interpolant
+from .lna import TheoryBand, initial_law, theory_band
 from .loss import population_loss, population_loss_derivative
+from .noise import NoiseMoments, OneStepMoments, noise_moments, one_step_moments
 from .ode import ode_continuous, population_ode, steps_to_reach
 from .series import HSeries, h_direct, truncation_bound
+from .stepsize import StepSizeReport, max_step_size
 from .table import HTable
 from .theorems import (
     Schedule,
@@ -51,4 +63,20 @@ __all__ = [
     "theorem12_schedule",
     "theorem13_schedule",
     "theorem16_schedule",
+    "noise_moments",
+    "one_step_moments",
+    "NoiseMoments",
+    "OneStepMoments",
+    "drift_table",
+    "DriftTable",
+    "corrected_ode",
+    "corrected_mean",
+    "noise_floor",
+    "stationary_moments",
+    "corrected_steps_to_reach",
+    "theory_band",
+    "TheoryBand",
+    "initial_law",
+    "max_step_size",
+    "StepSizeReport",
 ]

@@ -399,7 +399,8 @@ class OneStepMoments:
 
     drift = E[μ′ − μ | μ]; var = Var(μ′ − μ | μ); drift2 = the second-order truncation
     η h̃(1−μ²) − (η²/2) μ E[g²(t² + ‖r‖²)]; var1 = η²(1−μ²)Var(g t), the first-order variance.
-    ``se_*``: sampling standard errors.
+    ``se_*``: sampling standard errors. ``drift_reps``/``drift2_reps`` (n_μ, 8): the same
+    drifts from each scrambled replicate alone (to propagate the sampling error).
     """
 
     mu: np.ndarray
@@ -413,6 +414,8 @@ class OneStepMoments:
     se_drift2: np.ndarray
     eta: float
     d: int
+    drift_reps: np.ndarray | None = None
+    drift2_reps: np.ndarray | None = None
 
 
 def one_step_moments(instance, mu, eta, d=None, *, c_hat=None, label_noise=0.0,
@@ -435,13 +438,13 @@ def one_step_moments(instance, mu, eta, d=None, *, c_hat=None, label_noise=0.0,
     sums = _replicate_sums(chain, mu, eta, n, extra, exact)
     one = 1.0 - mu**2
     first = eta * ht * one
-    val, se_drift2 = _est(-0.5 * eta**2 * mu[:, None] * (n * sums[:, :, 0] + sums[:, :, 1]))
-    drift2 = first + val
+    reps2 = first[:, None] - 0.5 * eta**2 * mu[:, None] * (n * sums[:, :, 0] + sums[:, :, 1])
+    drift2, se_drift2 = _est(reps2)
     var1 = eta**2 * one * (sums[:, :, 1].mean(axis=1) - one * ht**2)
-    res = dict(drift2=drift2, se_drift2=se_drift2, var1=var1)
+    res = dict(drift2=drift2, se_drift2=se_drift2, var1=var1, reps=None)
     if exact:
-        val, res["se_drift"] = _est(sums[:, :, 2])
-        res["drift"] = first + val
+        res["reps"] = first[:, None] + sums[:, :, 2]
+        res["drift"], res["se_drift"] = _est(res["reps"])
         res["var"], res["se_var"] = _est(sums[:, :, 4] - sums[:, :, 3] ** 2)
     else:
         res.update({key: np.full(mu.size, np.nan) for key in ("drift", "var", "se_drift",
@@ -449,4 +452,4 @@ def one_step_moments(instance, mu, eta, d=None, *, c_hat=None, label_noise=0.0,
     return OneStepMoments(mu=mu, drift=res["drift"], var=res["var"], drift2=res["drift2"],
                           var1=res["var1"], h_tilde=ht, se_drift=res["se_drift"],
                           se_var=res["se_var"], se_drift2=res["se_drift2"], eta=float(eta),
-                          d=d)
+                          d=d, drift_reps=res["reps"], drift2_reps=reps2)
