@@ -4,8 +4,9 @@ R runs advance together as tensors with a leading run axis (canonical frame, so 
 costs O(d + k²) per run). Examples are drawn a chunk of steps at a time (``sampling``); the
 learner's in-place step consumes them one step at a time. At each chunk end û is renormalised
 exactly and runs whose step went non-finite (or |m| > 1 + tol) are marked diverged at that
-step, restored to their last finite state and frozen (their step sizes set to 0), so NaN never
-reaches the other runs. ``engine = reduced | auto`` dispatches to ``dynamics.reduced``.
+step, restored to their (finite) state at the start of the chunk and frozen (their step sizes
+set to 0), so NaN never reaches the other runs; their records read NaN from that step on.
+``engine = reduced | auto`` dispatches to ``dynamics.reduced``.
 """
 
 from __future__ import annotations

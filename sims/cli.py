@@ -14,7 +14,8 @@ class LoradynGroup(click.Group):
         try:
             return super().invoke(ctx)
         except (ValueError, OSError, ArithmeticError) as exc:
-            raise click.ClickException(str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
+            message = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            raise click.ClickException(message) from None
 
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}

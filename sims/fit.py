@@ -81,7 +81,7 @@ def fit_power_law(d_values, times_per_d, n_boot: int = 2000, level: float = 0.95
     b, a = _ls_slope(logd, np.log(med[ok]))
     rng = np.random.default_rng(seed)
     boot = np.empty(n_boot)
-    kept = [s for s, o in zip(samples, ok) if o]
+    kept = [s for s, o in zip(samples, ok, strict=True) if o]
     for i in range(n_boot):
         meds = np.array([censored_median(rng.choice(s, size=s.size)) for s in kept])
         good = np.isfinite(meds)

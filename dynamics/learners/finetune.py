@@ -70,7 +70,7 @@ class ExampleTerms:
     lam: torch.Tensor  # (R, 1, k) λ
     scale: torch.Tensor  # (R, k) 1/N̂ⱼ
     shift: torch.Tensor  # (R, k) ξĉⱼ/N̂ⱼ
-    lam_shift: torch.Tensor  # (R, k) λⱼ ξĉⱼ/N̂ⱼ
+    lam_shift: torch.Tensor  # (R, k) −2λⱼ ξĉⱼ/N̂ⱼ
     omega: torch.Tensor | None  # (R, k) ⟨wⱼ, û⟩ (None when projected: it is 0)
 
     @cached_property
@@ -80,8 +80,8 @@ class ExampleTerms:
 
     @cached_property
     def g(self) -> torch.Tensor:
-        """Coefficient of x in ∇_û L: Σⱼ δⱼ ξĉⱼ/N̂ⱼ."""
-        return (self.dsig * self.lam_shift[:, None]).sum(-1).mul_(self.resid).mul_(-2.0)
+        """Coefficient of x in ∇_û L: Σⱼ δⱼ ξĉⱼ/N̂ⱼ = (y − f̂) Σⱼ σ′(aⱼ)(−2λⱼξĉⱼ/N̂ⱼ)."""
+        return torch.linalg.vecdot(self.dsig, self.lam_shift[:, None]).mul_(self.resid)
 
     @cached_property
     def loss(self) -> torch.Tensor:
@@ -134,7 +134,7 @@ class Finetune:
 
     # ------------------------------------------------------------------ gradient pieces
     def student_coefficients(self, state: FinetuneState):
-        """(1/N̂, ξĉ/N̂, ⟨w,û⟩ or None, λξĉ/N̂), each (R, k); cached while constant."""
+        """(1/N̂, ξĉ/N̂, ⟨w,û⟩ or None, −2λξĉ/N̂), each (R, k); cached while constant."""
         if self._coeffs is not None:
             return self._coeffs
         p, ch = self.problem, state.c_hat
@@ -146,7 +146,7 @@ class Finetune:
             n2 = 1.0 + xc * (2.0 * omega + xc)
         scale = torch.rsqrt(n2)
         shift = xc * scale
-        out = (scale, shift, omega, p.lam * shift)
+        out = (scale, shift, omega, -2.0 * p.lam * shift)
         if self._frozen:
             self._coeffs = out
         return out
@@ -175,7 +175,7 @@ class Finetune:
         zs = pre.zs[:, i] if pre.zs is not None else z * scale[:, None]
         a = torch.addcmul(zs, s[..., None], shift[:, None])
         lam = p.lam[:, None]
-        resid = pre.y[:, i] - (p.activation.fn(a) * lam).sum(-1)
+        resid = pre.y[:, i] - torch.linalg.vecdot(p.activation.fn(a), lam)
         return ExampleTerms(z, s, a, resid, p.activation.deriv(a), lam, scale, shift,
                             lam_shift, omega)
 
@@ -252,8 +252,9 @@ class Finetune:
         g, s = t.g[:, 0], t.s[:, 0]
         if self.project:
             eg = eta * g
-            inv = torch.rsqrt((q - s * s).mul_(eg * eg).add_(1.0))  # 1/n
-            alpha = (eg * s).add_(1.0).mul_(inv)
+            # 1/n = (1 + η²g²(‖Πx‖² − s²))^{-1/2}; α = (1 + ηgs)/n; β = −ηg/n
+            inv = torch.addcmul(q, s, s, value=-1.0).mul_(eg * eg).add_(1.0).rsqrt_()
+            alpha = torch.addcmul(inv, inv, eg * s)
             u[:, k:].mul_(alpha[:, None]).addcmul_(x[:, k:], eg.mul_(inv)[:, None], value=-1.0)
             return inv
         gamma = self._gamma(t)[:, 0]

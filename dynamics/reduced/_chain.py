@@ -46,6 +46,28 @@ def _student_coeffs(L, ident, xi, pw, chat, project, wu, sc1, sc2, vu):
         vu[j] = (acc + xc) / nh
 
 
+@njit(cache=True, inline="always")
+def _neuron(w, t1, t2, ux, s1, s2, s, lam, code, hp):
+    """Neuron i of one example (R2): (λ(σ(tᵢ) − σ(âᵢ)), λσ′(âᵢ)ξĉᵢ/N̂ᵢ, âᵢ, σ′(âᵢ)) with
+    tᵢ = w t1 + t2⟨u,x⟩ (t1 = 1/Nᵢ, t2 = ξcᵢ/Nᵢ), âᵢ = w s1 + s2 s (s1 = 1/N̂ᵢ, s2 = ξĉᵢ/N̂ᵢ),
+    w = ⟨wᵢ, x⟩."""
+    ah = w * s1 + s2 * s
+    sv, sd = sigma_and_deriv(ah, code, hp)
+    return lam * (sigma(w * t1 + t2 * ux, code, hp) - sv), lam * sd * s2, ah, sd
+
+
+@njit(cache=True, inline="always")
+def _dot(x, y):
+    acc0 = 0.0
+    acc1 = 0.0
+    for i in range(0, x.shape[0] - 1, 2):
+        acc0 += x[i] * y[i]
+        acc1 += x[i + 1] * y[i + 1]
+    if x.shape[0] % 2:
+        acc0 += x[-1] * y[-1]
+    return acc0 + acc1
+
+
 @njit(cache=True)
 def _overlap(prm, pw, mu, project):
     """m = ⟨û, u⟩ = ⟨p, u_w⟩ + μ u⊥ (R1)."""
@@ -68,7 +90,7 @@ def _record(c, r, prm, pw, mu, nu, chat, project, cp_m, cp_mu, cp_nu, cp_pw, cp_
         cp_chat[r, c, :] = chat
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"})
+@njit(cache=True)
 def run_one(r, project, joint, L, ident, prm, code, hp, dof, eta, eta_c, batch, noise_sd,
             st, mu, nu, pw, chat, n_steps, cp_steps, cp_m, cp_mu, cp_nu, cp_pw, cp_chat,
             stop_level, stop_abs, Zg, Ag, Bg, Eg, Gg):
@@ -83,11 +105,15 @@ def run_one(r, project, joint, L, ident, prm, code, hp, dof, eta, eta_c, batch, 
     u_perp, xi = prm[4 * k], prm[4 * k + 1]
     given = Zg.shape[0] > 0
     use_stop = math.isfinite(stop_level)
+    lam = prm[:k].copy()
+    uw = prm[3 * k:4 * k].copy()
+    has_uw = False
     tc1 = np.empty(k)
     tc2 = np.empty(k)
     for i in range(k):
         tc1[i] = 1.0 / prm[2 * k + i]
         tc2[i] = xi * prm[k + i] / prm[2 * k + i]
+        has_uw = has_uw or uw[i] != 0.0
     Z = np.empty((batch, k))
     A = np.empty(batch)
     Bv = np.empty(batch)
@@ -136,7 +162,6 @@ def run_one(r, project, joint, L, ident, prm, code, hp, dof, eta, eta_c, batch, 
             _student_coeffs(L, ident, xi, pw, chat, project, wu, sc1, sc2, vu)
         ge = 0.0
         geh = 0.0
-        kap_sum = 0.0
         for i in range(k):
             gw[i] = 0.0
             gc[i] = 0.0
@@ -153,44 +178,46 @@ def run_one(r, project, joint, L, ident, prm, code, hp, dof, eta, eta_c, batch, 
                     for j in range(k):
                         acc += L[i, j] * Z[n, j]
                     wz[i] = acc
-                ux += prm[3 * k + i] * Z[n, i]
-                if not project:
-                    s += pw[i] * Z[n, i]
-            fdiff = eps[n]
+            if has_uw:
+                ux += _dot(uw, Z[n])
+            if not project:
+                s += _dot(pw, Z[n])
+            # two accumulators each (even/odd neurons) halve the dependency chains
+            f0 = eps[n]
+            f1 = 0.0
+            q0 = 0.0
+            q1 = 0.0
             for i in range(k):
-                fdiff += prm[i] * sigma(wz[i] * tc1[i] + tc2[i] * ux, code, hp)
-            for j in range(k):
-                ah = wz[j] * sc1[j] + sc2[j] * s
-                sv, sd = sigma_and_deriv(ah, code, hp)
-                fdiff -= prm[j] * sv
-                ahat[j] = ah
-                sdv[j] = sd
-            res = -2.0 * fdiff / batch
-            g = 0.0
-            for j in range(k):
-                beta = res * prm[j] * sdv[j] * sc2[j]
-                g += beta
-                if not project:
-                    kap = beta * ahat[j] * sc1[j]
-                    kap_sum += kap * xi * chat[j]
-                    if ident:
-                        gw[j] -= kap
-                    else:
-                        for i in range(k):
-                            gw[i] -= kap * L[j, i]
-                if joint:
-                    gc[j] += res * prm[j] * sdv[j] * xi * sc1[j] * (s - ahat[j] * vu[j])
+                df, dq, ah, sd = _neuron(wz[i], tc1[i], tc2[i], ux, sc1[i], sc2[i], s, lam[i],
+                                         code, hp)
+                ahat[i] = ah
+                sdv[i] = sd
+                if i % 2 == 0:
+                    f0 += df
+                    q0 += dq
+                else:
+                    f1 += df
+                    q1 += dq
+            res = -2.0 * (f0 + f1) / batch
+            g = res * (q0 + q1)  # Σⱼ δⱼξĉⱼ/N̂ⱼ, δⱼ = res λⱼσ′(âⱼ)
+            if joint or not project:
+                for j in range(k):
+                    beta = res * lam[j] * sdv[j]
+                    if not project:  # −Σⱼ γⱼwⱼ, γⱼ = δⱼâⱼξĉⱼ/N̂ⱼ² (R3)
+                        kap = beta * ahat[j] * sc2[j] * sc1[j]
+                        if ident:
+                            gw[j] -= kap
+                        else:
+                            for i in range(k):
+                                gw[i] -= kap * L[j, i]
+                    if joint:  # (R4)
+                        gc[j] += beta * xi * sc1[j] * (s - ahat[j] * vu[j])
             gvec[n] = g
             ge += g * a
             geh += g * b
             if not project:
                 for i in range(k):
                     gw[i] += g * Z[n, i]
-        if not project:
-            for i in range(k):
-                gw[i] -= kap_sum * pw[i]
-            ge -= kap_sum * mu
-            geh -= kap_sum * nu
         # ---- ρ² = ‖Σₙ ḡₙ rₙ‖² (R5)
         rho2 = 0.0
         if given:

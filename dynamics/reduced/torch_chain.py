@@ -18,6 +18,8 @@ from .params import ChainParams
 
 __all__ = ["TorchParams", "step", "advance"]
 
+_SYNC_EVERY = 256  # steps between host syncs to test whether any run is still live
+
 
 @dataclass
 class TorchParams:
@@ -52,12 +54,11 @@ def _wmul(L, z):
     return z if L is None else torch.einsum("rij,rbj->rbi", L, z)
 
 
-def step(P: TorchParams, act, project: bool, joint: bool, eta: torch.Tensor, eta_c, mu, nu,
+def step(P: TorchParams, act, project: bool, joint: bool, eta: float, eta_c: float, mu, nu,
          pw, chat, Z, A, Bv, eps, chi=None, gram=None):
     """One step (R3)–(R6) for all runs: returns new (μ, ν, p, ĉ).
 
     Z (R,b,k), A, Bv, eps (R,b); ρ² from ``chi`` (R,): ‖ḡ‖²χ, or ``gram`` (R,b,b): ḡᵀGḡ.
-    ``eta``/``eta_c`` are per-run (R,) tensors (0 freezes a run).
     """
     batch = A.shape[1]
     xc = P.xi[:, None] * chat
@@ -96,13 +97,13 @@ def step(P: TorchParams, act, project: bool, joint: bool, eta: torch.Tensor, eta
     sq_rest = nt * nt + er * er
     norm2 = ne * ne + sq_rest
     if not project:
-        pw = pw - eta[:, None] * (gw - tang[:, None] * pw)
+        pw = pw - eta * (gw - tang[:, None] * pw)
         norm2 = norm2 + (pw * pw).sum(-1)
     inv = torch.rsqrt(norm2)
     if not project:
         pw = pw * inv[:, None]
     if joint:
-        chat = chat - eta_c[:, None] * gc
+        chat = chat - eta_c * gc
     return ne * inv, torch.sqrt(sq_rest) * inv, pw, chat
 
 
@@ -117,13 +118,12 @@ def advance(P: TorchParams, act, *, project, joint, dof, eta, eta_c, batch, nois
     """Advance R runs ``n_steps`` (tensors μ, ν (R,), p, ĉ (R,k)); record at ``cp_steps``.
 
     Returns (records dict of numpy (R, C[, k]) arrays m, mu, nu, pw, chat; div_step;
-    hit_step) with the conventions of :func:`._chain.run_one`.
+    hit_step) with the conventions of :func:`._chain.run_one`. The loop never waits for the
+    device except at checkpoints and every ``_SYNC_EVERY`` steps.
     """
     runs, k = chat.shape
     dev, dt = mu.device, mu.dtype
     gen = torch.Generator(device=dev).manual_seed(int(seed))
-    eta_r = torch.full((runs,), float(eta), dtype=dt, device=dev)
-    eta_c_r = torch.full((runs,), float(eta_c), dtype=dt, device=dev)
     half_dof = torch.full((runs,), 0.5 * dof, dtype=dt, device=dev)
     live = torch.ones(runs, dtype=torch.bool, device=dev)
     div = torch.full((runs,), -1, dtype=torch.int64, device=dev)
@@ -137,7 +137,7 @@ def advance(P: TorchParams, act, *, project, joint, dof, eta, eta_c, batch, nois
             for name, val in (("m", overlap(P, mu, pw, project)), ("mu", mu), ("nu", nu),
                               ("pw", pw), ("chat", chat)):
                 rec[name].append(val.double().cpu().numpy())
-        if t == n_steps or not bool(live.any()):
+        if t == n_steps or (t % _SYNC_EVERY == 0 and not bool(live.any())):
             break
         Z = torch.randn((runs, batch, k), generator=gen, dtype=dt, device=dev)
         A = torch.randn((runs, batch), generator=gen, dtype=dt, device=dev)
@@ -146,18 +146,18 @@ def advance(P: TorchParams, act, *, project, joint, dof, eta, eta_c, batch, nois
                if noise_sd > 0 else torch.zeros_like(A))
         chi = (2.0 * torch._standard_gamma(half_dof, generator=gen) if dof > 0
                else torch.zeros_like(mu))
-        new = step(P, act, project, joint, eta_r, eta_c_r, mu, nu, pw, chat,
+        new = step(P, act, project, joint, float(eta), float(eta_c), mu, nu, pw, chat,
                    Z, A, Bv, eps, chi=chi)
         keep = live[:, None]
         mu, nu = torch.where(live, new[0], mu), torch.where(live, new[1], nu)
         pw, chat = torch.where(keep, new[2], pw), torch.where(keep, new[3], chat)
         m = overlap(P, mu, pw, project)
         bad = live & ~(torch.isfinite(m) & torch.isfinite(nu) & (m.abs() <= 1.0 + M_TOL))
-        div[bad] = t + 1
+        div = torch.where(bad, t + 1, div)
         live &= ~bad
         if use_stop:
             reached = live & ((m.abs() if stop_abs else m) >= stop_level)
-            hit[reached] = t + 1
+            hit = torch.where(reached, t + 1, hit)
             live &= ~reached
     for _ in cps:  # checkpoints past a global early end: repeat the frozen state
         for name in rec:
