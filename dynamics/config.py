@@ -44,6 +44,8 @@ class RunConfig:
     checkpoints : number of checkpoints; spacing : ``log`` or ``linear``.
     dtype : ``float64`` (default) or ``float32``; device : ``cpu``, ``cuda`` or ``auto``.
     engine : ``full``, ``reduced`` or ``auto``.
+    finite_d_theory : also record the noise-corrected ODE and the theory band (issue 8;
+        frozen ĉ, projected, b = 1 only; a few seconds per distinct instance).
     eval_size : examples in the fixed Monte Carlo evaluation set of the loss (used where no
         exact population loss applies: unprojected learner).
     """
@@ -68,6 +70,7 @@ class RunConfig:
     device: str = "cpu"
     engine: str = "full"
     eval_size: int = 20_000
+    finite_d_theory: bool = True
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> RunConfig:

@@ -26,8 +26,8 @@ from .observables import (
     initial_drift_sign,
     loss_kind,
     monte_carlo_loss,
-    record_theory,
     reduced_coordinates,
+    theory_records,
 )
 from .sampling import NoiseSource, resolve_device, resolve_dtype, uniform_perp_directions
 from .trajectory import Trajectory, checkpoint_steps
@@ -232,7 +232,7 @@ def _trajectory(config, instances, steps, records, diverged_step, m0, kind, devi
         loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
     return Trajectory(
         steps=steps, overlap=overlap, loss=loss,
-        ode=record_theory(config, instances, m0, steps), diverged_step=diverged_step,
+        **theory_records(config, instances, m0, steps), diverged_step=diverged_step,
         xi=np.array([i.xi for i in instances]),
         instance_seed=np.array([i.seed for i in instances], dtype=np.int64),
         c_overlap=c_ov, loss_kind=kind, dtype=config.dtype, device=str(device),

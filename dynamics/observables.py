@@ -24,6 +24,8 @@ __all__ = [
     "theory_applies",
     "group_runs",
     "record_theory",
+    "finite_d_applies",
+    "theory_records",
     "initial_drift_sign",
     "exact_loss",
     "loss_with_c_hat",
@@ -67,6 +69,39 @@ def record_theory(config, instances: list[Instance], m0: np.ndarray,
     for inst, idx in group_runs(instances):
         out[idx] = hermite.population_ode(inst, config.eta, np.asarray(m0)[idx],
                                           np.asarray(steps))
+    return out
+
+
+def finite_d_applies(config) -> bool:
+    """Whether the noise-corrected ODE and band are recorded (frozen ĉ, projected, b = 1)."""
+    return theory_applies(config) and config.batch == 1 and config.finite_d_theory
+
+
+def theory_records(config, instances: list[Instance], m0: np.ndarray,
+                   steps: np.ndarray) -> dict:
+    """Every theory curve of a trajectory, as Trajectory keyword arguments.
+
+    ``ode`` (plain population ODE, :func:`record_theory`) always; where
+    :func:`finite_d_applies`, also ``ode_corrected`` (``hermite.corrected_ode`` at the run's
+    d, η and label noise, from each run's m₀) and the 10–90% ``band_lower``/``band_upper`` of
+    ``hermite.theory_band`` (mixture over the group's m₀).
+    """
+    out = {"ode": record_theory(config, instances, m0, steps)}
+    if not finite_d_applies(config):
+        return out
+    import hermite
+
+    shape = (len(instances), len(steps))
+    corr, lo, hi = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
+    steps = np.asarray(steps)
+    for inst, idx in group_runs(instances):
+        m0_g = np.asarray(m0)[idx]
+        corr[idx] = hermite.corrected_ode(inst, config.eta, inst.d, m0_g, steps,
+                                          label_noise=config.label_noise)
+        band = hermite.theory_band(inst, config.eta, inst.d, steps, m0=m0_g,
+                                   label_noise=config.label_noise)
+        lo[idx], hi[idx] = band.lower, band.upper
+    out.update(ode_corrected=corr, band_lower=lo, band_upper=hi)
     return out
 
 

@@ -37,6 +37,11 @@ class Trajectory:
     xi : (R,) ξ of each run. instance_seed : (R,) instance seed of each run.
     loss_kind : ``exact`` or ``monte_carlo``. dtype, device, engine : how it was computed.
     extra : further per-run arrays (name → array with leading R axis).
+    m0 : (R,) initial overlaps.
+    ode_corrected : (R, C) finite-d (noise-corrected) overlap map from the run's m₀
+        (``hermite.corrected_ode``), or None where it does not apply.
+    band_lower, band_upper : (R, C) 10% and 90% quantiles of the linear-noise theory band of
+        the run's instance group (``hermite.theory_band``), or None.
     m0 : (R,) initial overlap ⟨û₀, u⟩ of each run (the ODE's starting point), if known.
     """
 
@@ -54,6 +59,9 @@ class Trajectory:
     engine: str = "full"
     extra: dict = field(default_factory=dict)
     m0: np.ndarray | None = None
+    ode_corrected: np.ndarray | None = None
+    band_lower: np.ndarray | None = None
+    band_upper: np.ndarray | None = None
 
     @property
     def runs(self) -> int:

@@ -105,6 +105,18 @@ def _checkpoints(steps: int, count: int) -> np.ndarray:
     return np.unique(np.concatenate([[0], pts, [steps]]))
 
 
+def _corrected_payload(th, inst, eta, m0, ck, steps) -> dict:
+    """Noise-corrected map, floor, theory band and hitting times (issue 8) as JSON data."""
+    curve = th.corrected_ode(inst, eta, inst.d, m0, ck)
+    band = th.theory_band(inst, eta, inst.d, ck, m0=m0)
+    floor, floor_se = th.noise_floor(inst, eta, inst.d)
+    reach = {f"{lv:g}": [_finite_or_none(v) for v in th.corrected_steps_to_reach(
+        inst, eta, inst.d, lv, m0, max_steps=steps)] for lv in LEVELS}
+    return {"d": inst.d, "m": curve.tolist(), "band_lower": band.lower.tolist(),
+            "band_upper": band.upper.tolist(), "noise_floor": floor,
+            "noise_floor_se": floor_se, "steps_to_reach": reach}
+
+
 @hermite.command("ode")
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--eta", type=float, required=True, help="Step size eta > 0.")
@@ -113,8 +125,14 @@ def _checkpoints(steps: int, count: int) -> np.ndarray:
               help="Initial overlap(s); default sign(h(0))/sqrt(d) (0.01 without d).")
 @click.option("--checkpoints", type=click.IntRange(min=2), default=40,
               help="Number of log-spaced checkpoints.")
+@click.option("--corrected", is_flag=True,
+              help="Also the noise-corrected (finite-d) map, its noise floor and the theory "
+                   "band (needs d in SPEC).")
+@click.option("--target-eps", type=float, default=None,
+              help="Also the largest eta whose predicted floor gives <u_hat,u>^2 >= 1 - eps, "
+                   "beside the Theorem 11-13 step size (needs d).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def ode_cmd(spec, eta, steps, m0_values, checkpoints, as_json):
+def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, as_json):
     """Population-ODE overlap curve m_t and the steps to reach |m| = 0.5 and 0.9."""
     import hermite as th
 
@@ -144,6 +162,15 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, as_json):
                "h0_sign": th.h0_sign(inst), "u_perp": inst.u_perp,
                "steps_to_reach": reach, "steps_to_reach_discrete": reach_discrete,
                "table_max_error": table.max_error}
+    if (corrected or target_eps is not None) and inst.d is None:
+        raise ValueError("--corrected and --target-eps need key 'd' in the instance spec")
+    if corrected:
+        payload["corrected"] = _corrected_payload(th, inst, eta, m0, ck, steps)
+    if target_eps is not None:
+        if not 0 < target_eps < 1:
+            raise click.BadParameter(f"must lie in (0, 1), got {target_eps:g}",
+                                     param_hint="'--target-eps'")
+        payload["step_size"] = th.max_step_size(inst, inst.d, target_eps).to_dict()
 
     def human(p):
         click.echo(f"population ODE  m_(t+1) = m_t + eta h(m_t)(u_perp^2 - m_t^2),  eta = "
@@ -157,5 +184,21 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, as_json):
             disc = ", ".join("not within horizon" if v is None else f"{v:.0f}"
                              for v in p["steps_to_reach_discrete"][key])
             click.echo(f"steps to reach |m| = {key}: continuous {cont}; discrete map {disc}")
+        if "corrected" in p:
+            c = p["corrected"]
+            click.echo(f"noise-corrected map at d = {c['d']}: floor m_inf = "
+                       f"{c['noise_floor']:.6g} +- {c['noise_floor_se']:.2g}")
+            for i, t in enumerate(p["steps"]):
+                click.echo(f"{t:>10d}  corrected {c['m'][0][i]:<+12.8f} band "
+                           f"[{c['band_lower'][i]:+.4f}, {c['band_upper'][i]:+.4f}]")
+            for key, vals in c["steps_to_reach"].items():
+                click.echo(f"corrected steps to reach |m| = {key}: " + ", ".join(
+                    "never" if v is None else f"{v:.0f}" for v in vals))
+        if "step_size" in p:
+            r = p["step_size"]
+            click.echo(f"step size for <u_hat,u>^2 >= 1 - {r['eps']:g} at d = {r['d']}: "
+                       f"eta_max = {r['eta_max']:.4g} (eta*d = {r['eta_max'] * r['d']:.3g}); "
+                       f"Theorem {r['theorem']}: eta = {r['eta_theorem']:.4g} "
+                       f"(ratio {r['ratio']:.3g})")
 
     _emit(payload, as_json, human)

@@ -52,8 +52,11 @@ DATASETS = {
     "instance_seed": (INT, "R", "seed of each run's instance"),
     "instance_index": (INT, "R", "index of each run's instance in config.resolved_instances"),
     "m0": (FLOAT, "R", "initial overlap ⟨û₀, u⟩"),
+    "ode_corrected": (FLOAT, "R,C", "noise-corrected (finite-d) overlap map from the run's m0"),
+    "band_lower": (FLOAT, "R,C", "10% quantile of the linear-noise theory band"),
+    "band_upper": (FLOAT, "R,C", "90% quantile of the linear-noise theory band"),
 }
-OPTIONAL = ("c_overlap", "m0", "instance_index")
+OPTIONAL = ("c_overlap", "m0", "instance_index", "ode_corrected", "band_lower", "band_upper")
 STRING_ATTRS = ("format", "loradyn_version", "git_commit", "created", "config", "dtype",
                 "device", "engine", "learner", "loss_kind")
 
@@ -252,6 +255,7 @@ def read_trajectory(path) -> tuple[Trajectory, dict]:
         instance_seed=arrays["instance_seed"], c_overlap=arrays.get("c_overlap"),
         loss_kind=meta.get("loss_kind", "exact"), dtype=meta.get("dtype", "float64"),
         device=meta.get("device", "cpu"), engine=meta.get("engine", "full"), extra=extra,
-        m0=arrays.get("m0"),
+        m0=arrays.get("m0"), ode_corrected=arrays.get("ode_corrected"),
+        band_lower=arrays.get("band_lower"), band_upper=arrays.get("band_upper"),
     )
     return traj, meta

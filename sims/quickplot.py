@@ -9,7 +9,7 @@ import numpy as np
 
 from dynamics.trajectory import Trajectory
 
-__all__ = ["plot_overlap", "instance_title"]
+__all__ = ["plot_overlap", "instance_title", "draw_finite_d_theory"]
 
 
 def instance_title(config) -> str:
@@ -26,8 +26,24 @@ def instance_title(config) -> str:
     return ", ".join(parts) + f" ({variant})"
 
 
+def draw_finite_d_theory(ax, traj: Trajectory, ok: np.ndarray, color: str = "k") -> None:
+    """Noise-corrected ODE (solid thin) and the hatched 10–90% theory band, where recorded."""
+    if traj.ode_corrected is None or not np.isfinite(traj.ode_corrected).any():
+        return
+    rows = ok if ok.any() else np.ones_like(ok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        corr = np.nanmean(traj.ode_corrected[rows], axis=0)
+        lo = np.nanmedian(traj.band_lower[rows], axis=0)
+        hi = np.nanmedian(traj.band_upper[rows], axis=0)
+    ax.plot(traj.steps, corr, color=color, lw=0.9, label="noise-corrected ODE (mean)")
+    ax.fill_between(traj.steps, lo, hi, facecolor="none", edgecolor=color, hatch="///",
+                    lw=0.0, alpha=0.5, label="theory band 10–90 %")
+
+
 def plot_overlap(traj: Trajectory, path, title: str) -> Path:
-    """Median ⟨û, u⟩ with its 10–90 % band and the mean population ODE (dashed)."""
+    """Median ⟨û, u⟩ with its 10–90 % band, the mean population ODE (dashed) and, where
+    recorded, the noise-corrected ODE (solid thin) and the hatched theory band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,6 +64,7 @@ def plot_overlap(traj: Trajectory, path, title: str) -> Path:
             warnings.simplefilter("ignore", RuntimeWarning)
             ode = np.nanmean(traj.ode[ok] if ok.any() else traj.ode, axis=0)
         ax.plot(steps, ode, "k--", lw=1.5, label="population ODE (mean)")
+    draw_finite_d_theory(ax, traj, ok)
     ax.set_xlabel("SGD step t")
     ax.set_ylabel("overlap ⟨û_t, u⟩")
     ax.set_title(title, fontsize=9)

@@ -39,19 +39,25 @@ def run_config(spec_path, *, eta, steps, **options) -> tuple[RunConfig, list[str
 
 
 def summary_json(traj) -> dict:
-    """{"steps", "overlap_mean", "overlap_std", "ode"} over non-diverged runs (null for NaN)."""
+    """{"steps", "overlap_mean", "overlap_std", "ode"[, "ode_corrected"]} over non-diverged
+    runs (null for NaN)."""
     ok = ~traj.diverged
     ov = traj.overlap[ok] if ok.any() else np.full((1, traj.steps.size), np.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         mean, std = np.nanmean(ov, axis=0), np.nanstd(ov, axis=0)
         ode = np.nanmean(traj.ode, axis=0)
+        corrected = (np.nanmean(traj.ode_corrected, axis=0)
+                     if traj.ode_corrected is not None else None)
 
     def clean(a):
         return [None if not math.isfinite(v) else float(v) for v in a]
 
-    return {"steps": [int(s) for s in traj.steps], "overlap_mean": clean(mean),
-            "overlap_std": clean(std), "ode": clean(ode)}
+    out = {"steps": [int(s) for s in traj.steps], "overlap_mean": clean(mean),
+           "overlap_std": clean(std), "ode": clean(ode)}
+    if corrected is not None:
+        out["ode_corrected"] = clean(corrected)
+    return out
 
 
 def _summary_line(traj, notes) -> str:
@@ -96,17 +102,20 @@ def _summary_line(traj, notes) -> str:
               help="Output HDF5 file (written atomically).")
 @click.option("--plot", default=None,
               help="Also write an overlap-vs-steps PNG.")
+@click.option("--finite-d-theory/--no-finite-d-theory", default=True,
+              help="Also record the noise-corrected ODE and the theory band (frozen ĉ, "
+                   "projected, b = 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the mean curve as JSON.")
 def run(spec, learner, joint_c, eta_c, no_project, eta, steps, runs, seed, batch, label_noise,
         init, checkpoints, spacing, xi_values, instance_seeds, dtype, device, engine, out,
-        plot, as_json):
+        plot, finite_d_theory, as_json):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
     config, notes = run_config(
         spec, eta=eta, steps=steps, learner=learner, joint_c=joint_c, eta_c=eta_c,
         project=not no_project, runs=runs, seed=seed, batch=batch, label_noise=label_noise,
         init=init, checkpoints=checkpoints, spacing=spacing,
         xi_values=list(xi_values) or None, instance_seeds=instance_seeds, dtype=dtype,
-        device=device, engine=engine)
+        device=device, engine=engine, finite_d_theory=finite_d_theory)
     check_writable(out)
     if plot:
         check_writable(plot)
