@@ -31,25 +31,30 @@ def _config(d, k, runs, steps, activation, engine, dtype="float64", seed=0):
 
 
 def _rate(run, runs, steps, repeat):
-    """runs·Δsteps / Δseconds between horizons steps and 2·steps (best of ``repeat``)."""
-    best = np.inf
+    """(wall, cpu) run-steps per second from horizons ``steps`` and ``2·steps``.
+
+    Each horizon keeps its fastest of ``repeat`` runs (wall and process CPU time separately),
+    then the two are differenced; cpu counts every thread, so it is per core.
+    """
+    best = {1: [np.inf, np.inf], 2: [np.inf, np.inf]}
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        run(steps)
-        t1 = time.perf_counter()
-        run(2 * steps)
-        t2 = time.perf_counter()
-        best = min(best, (t2 - t1) - (t1 - t0))
-    return runs * steps / max(best, 1e-9)
+        for mult in (1, 2):
+            w0, c0 = time.perf_counter(), time.process_time()
+            run(mult * steps)
+            w, c = time.perf_counter() - w0, time.process_time() - c0
+            best[mult] = [min(best[mult][0], w), min(best[mult][1], c)]
+    work = runs * steps
+    return tuple(work / max(best[2][i] - best[1][i], 1e-9) for i in (0, 1))
 
 
-def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=2_000,
+def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=10_000,
                     activation="relu", full_d: int | None = 2000, full_steps=40,
                     full_dtype="float32", repeat=3) -> dict:
     """Reduced-engine run-steps/s at each d (numba, all cores) and the full engine's at full_d.
 
-    Returns {"reduced": {d: rate}, "ratio_large_small": rate(max d)/rate(min d),
-    "full": rate or None, "ratio_to_full": rate(reduced at full_d)/rate(full), settings}.
+    Returns {"reduced": {d: rate}, "reduced_per_cpu_s": {d: rate per CPU-second},
+    "ratio_large_small": rate(max d)/rate(min d), "full": rate or None, "full_per_cpu_s",
+    "reduced_at_full_d", "ratio_to_full": rate(reduced at full_d)/rate(full), settings}.
     """
     from dynamics.engine import simulate_full
     from dynamics.reduced import first_passage_reduced
@@ -59,8 +64,10 @@ def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=2_
             _config(d, k, runs, n, activation, "reduced"), level=2.0, max_steps=n)
 
     reduced(min(d_values))(2)  # compile / load the kernels
-    rates = {int(d): _rate(reduced(d), runs, steps, repeat) for d in d_values}
-    out = {"reduced": rates, "ratio_large_small": rates[max(rates)] / rates[min(rates)],
+    both = {int(d): _rate(reduced(d), runs, steps, repeat) for d in d_values}
+    rates = {d: r[0] for d, r in both.items()}
+    out = {"reduced": rates, "reduced_per_cpu_s": {d: r[1] for d, r in both.items()},
+           "ratio_large_small": rates[max(rates)] / rates[min(rates)],
            "full": None, "ratio_to_full": None,
            "settings": {"k": k, "runs": runs, "steps": steps, "activation": activation,
                         "full_d": full_d, "full_steps": full_steps, "full_dtype": full_dtype,
@@ -70,8 +77,8 @@ def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=2_
             return simulate_full(_config(full_d, k, runs, n, activation, "full", full_dtype))
 
         full(2)
-        out["full"] = _rate(full, runs, full_steps, 1)
-        out["reduced_at_full_d"] = _rate(reduced(full_d), runs, steps, repeat)
+        out["full"], out["full_per_cpu_s"] = _rate(full, runs, full_steps, repeat)
+        out["reduced_at_full_d"] = _rate(reduced(full_d), runs, steps, repeat)[0]
         out["ratio_to_full"] = out["reduced_at_full_d"] / out["full"]
     return out
 
@@ -82,7 +89,8 @@ def scaling_workload(c_values=None, d_values=(100, 1_000, 10_000, 100_000, 1_000
 
     Each run stops at its hit (cost ∝ T, not the horizon); the horizon is ``cap`` times the
     population-ODE time from |m₀| = 1/√d. Returns {activation: {d: {median_T_over_d,
-    reached, seconds, run_steps}}} and the total seconds.
+    ode_T_over_d, reached, seconds, cpu_seconds, run_steps}}} and the totals (wall and CPU
+    seconds of this process, all threads).
     """
     import hermite
     from dynamics.config import RunConfig
@@ -92,7 +100,7 @@ def scaling_workload(c_values=None, d_values=(100, 1_000, 10_000, 100_000, 1_000
     c_values = dict(SCALING_C if c_values is None else c_values)
     out: dict = {"settings": {"c": c_values, "k": k, "runs": runs, "level": level,
                               "seed": seed, "cap": cap}}
-    total = 0.0
+    total = total_cpu = 0.0
     for act, c in c_values.items():
         spec = {"activation": act, "k": k, "xi": 1.0, "seed": seed}
         out[act] = {}
@@ -103,16 +111,18 @@ def scaling_workload(c_values=None, d_values=(100, 1_000, 10_000, 100_000, 1_000
             config = RunConfig(instance=dict(spec, d=int(d)), eta=c / d, runs=runs, seed=seed,
                                init="aligned", steps=int(cap * t_ode) + 1000,
                                engine="reduced")
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             hits = first_passage_reduced(config, level)
-            sec = time.perf_counter() - t0
+            sec, cpu = time.perf_counter() - t0, time.process_time() - c0
             total += sec
+            total_cpu += cpu
             ok = np.isfinite(hits)
             out[act][int(d)] = {
                 "median_T_over_d": float(np.median(np.where(ok, hits, np.inf)) / d),
                 "ode_T_over_d": float(t_ode / d), "reached": float(ok.mean()),
-                "seconds": sec, "run_steps": float(np.where(ok, hits, config.steps).sum())}
-    out["total_seconds"] = total
+                "seconds": sec, "cpu_seconds": cpu,
+                "run_steps": float(np.where(ok, hits, config.steps).sum())}
+    out["total_seconds"], out["total_cpu_seconds"] = total, total_cpu
     return out
 
 

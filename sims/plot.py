@@ -2,9 +2,10 @@
 
 :func:`load_curves` reads single-run files (:mod:`sims.io`) and sweep files
 (:mod:`sims.sweep_io`) into :class:`Curve` objects; :func:`plot_curves` draws them: the median
-over runs with its 10–90 % band (or every run), the population-ODE prediction dashed where
-the file has one, colours by ``hue``, one panel per value of ``facet``. What all curves share
-goes in the title; what differs goes in the legend.
+over runs with its 10–90 % band (or every run), the population-ODE prediction dashed and the
+noise-corrected (finite-d) ODE dash-dotted where the file has them, colours by ``hue``, one
+panel per value of ``facet``. What all curves share goes in the title; what differs goes in
+the legend.
 """
 
 from __future__ import annotations
@@ -197,11 +198,23 @@ def _palette(curves, hue):
     return [cmap(uniq.index(repr(v)) % 10) for v in values]
 
 
-def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-"):
-    """One curve on ``ax``: (drawn?, ODE drawn?)."""
+def _median_line(ax, xs, rows, keep, color, quantity, **style) -> bool:
+    """Median over runs of a theory array (R, C) where it has finite values."""
+    if rows is None:
+        return False
+    data = np.asarray(rows, dtype=float)[:, keep]
+    if not np.isfinite(data).any():
+        return False
+    ax.plot(xs, _nanpct(np.abs(data) if quantity == "abs_overlap" else data, 50),
+            color=color, **style)
+    return True
+
+
+def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-") -> set | None:
+    """One curve on ``ax``: None if it lacks the quantity, else the theory lines drawn."""
     data = _values(curve, quantity)
     if data is None:
-        return False, False
+        return None
     xs = _x(curve, x)
     keep = xs > 0 if xscale == "log" else np.ones_like(xs, dtype=bool)
     xs, data = xs[keep], data[:, keep]
@@ -212,32 +225,36 @@ def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-"):
     else:
         ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
     ax.plot(xs, med, color=color, lw=2, label=label, ls=ls)
+    theory = set()
     if quantity in ("overlap", "abs_overlap"):
-        ode = np.asarray(curve.traj.ode, dtype=float)[:, keep]
-        if np.isfinite(ode).any():
-            ode_med = _nanpct(np.abs(ode) if quantity == "abs_overlap" else ode, 50)
-            ax.plot(xs, ode_med, color=color, lw=1.4, ls="--")
-            return True, True
-    return True, False
+        t = curve.traj
+        if _median_line(ax, xs, t.ode, keep, color, quantity, lw=1.4, ls="--"):
+            theory.add("ode")
+        if _median_line(ax, xs, getattr(t, "ode_corrected", None), keep, color, quantity,
+                        lw=1.2, ls="-."):
+            theory.add("corrected")
+    return theory
 
 
 def draw_panel(ax, curves, *, quantity="overlap", x="steps", xscale="log", yscale="linear",
                hue=None, style="band", xlim=None, label_keys=None, colors=None,
-               prefix="", ls="-") -> tuple[int, bool]:
-    """Draw ``curves`` on one Axes; (number of curves drawn, whether an ODE line was drawn).
+               prefix="", ls="-") -> tuple[int, set]:
+    """Draw ``curves`` on one Axes; (number of curves drawn, theory lines drawn: a subset of
+    {"ode", "corrected"}).
 
     label_keys : attributes named in each curve's legend label [default: those that vary].
     colors : curve id → colour [default: by ``hue``]. prefix : text before each label.
     """
     colors = colors or dict(zip(map(id, curves), _palette(curves, hue), strict=True))
     keys = _label_keys(curves) if label_keys is None else label_keys
-    drawn, any_ode = 0, False
+    drawn, theory = 0, set()
     for c in curves:
         label = prefix + ", ".join(_fmt(k, c.attrs.get(k)) for k in keys)
         label = label.rstrip(": ") or "_nolegend_"
-        ok, ode = _draw(ax, c, colors[id(c)], label, quantity, x, style, xscale, ls)
-        drawn += ok
-        any_ode |= ode
+        lines = _draw(ax, c, colors[id(c)], label, quantity, x, style, xscale, ls)
+        if lines is not None:
+            drawn += 1
+            theory |= lines
     ax.set_xscale(xscale)
     ax.set_yscale(yscale)
     if xlim is not None:
@@ -245,19 +262,22 @@ def draw_panel(ax, curves, *, quantity="overlap", x="steps", xscale="log", yscal
     ax.grid(alpha=0.3)
     ax.set_xlabel(X_UNITS[x])
     ax.set_ylabel(QUANTITIES[quantity][0])
-    return drawn, any_ode
+    return drawn, theory
 
 
-def legend(ax, handles=None, style="band", ode=False, **kwargs):
-    """Legend of the curves plus what the line styles mean (median/band, ODE dashed)."""
+def legend(ax, handles=None, style="band", theory=(), **kwargs):
+    """Legend of the curves plus what the line styles mean (median/band, theory lines)."""
     from matplotlib.lines import Line2D
 
     if handles is None:
         handles = ax.get_legend_handles_labels()[0]
     band = "every run (thin)" if style == "runs" else "10–90 % of runs (band)"
     extra = [Line2D([], [], color="grey", lw=2, label=f"median; {band}")]
-    if ode:
+    if "ode" in theory:
         extra.append(Line2D([], [], color="grey", lw=1.4, ls="--", label="population ODE"))
+    if "corrected" in theory:
+        extra.append(Line2D([], [], color="grey", lw=1.2, ls="-.",
+                            label="noise-corrected (finite-d) ODE"))
     kwargs.setdefault("fontsize", 7.5)
     kwargs.setdefault("loc", "best")
     return ax.legend(handles=list(handles) + extra, **kwargs)
@@ -294,11 +314,11 @@ def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "steps"
         label_keys = [hue, *label_keys]
     if facet in label_keys:
         label_keys.remove(facet)
-    any_ode, drawn = False, 0
+    theory, drawn = set(), 0
     for ax, (fval, members) in zip(axes.flat, groups, strict=False):
-        n, ode = draw_panel(ax, members, quantity=quantity, x=x, xscale=xscale, yscale=yscale,
+        n, lines = draw_panel(ax, members, quantity=quantity, x=x, xscale=xscale, yscale=yscale,
                             style=style, xlim=xlim, label_keys=label_keys, colors=colors)
-        drawn, any_ode = drawn + n, any_ode or ode
+        drawn, theory = drawn + n, theory | lines
         if facet is not None:
             ax.set_title(_fmt(facet, fval), fontsize=10)
         if ax not in axes[:, 0]:
@@ -307,7 +327,7 @@ def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "steps"
         ax.set_visible(False)
     if not drawn:
         raise ValueError(f"no curve has the quantity '{quantity}' (c_overlap needs joint ĉ)")
-    legend(axes.flat[0], _all_handles(axes)[0], style=style, ode=any_ode)
+    legend(axes.flat[0], _all_handles(axes)[0], style=style, theory=theory)
     fig.suptitle(wrap_title(title if title is not None else describe(curves), width),
                  fontsize=10)
     return fig

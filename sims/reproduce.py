@@ -9,6 +9,7 @@ wall time in a section of ``<out_dir>/README.md`` (the rest of the README is kep
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -25,12 +26,20 @@ __all__ = ["FIGURES", "ReproduceResult", "reproduce", "render", "figure_paths",
 
 @dataclass
 class ReproduceResult:
-    """Paths written and the wall time of :func:`reproduce`."""
+    """Paths written, the wall time of :func:`reproduce` and the cells it reused."""
 
     name: str
     h5: Path
     png: Path
     seconds: float
+    reused: int = 0
+    cells: int = 0
+
+    def timing(self) -> str:
+        """'23 s' for a fresh run, with a note when finished cells were reused."""
+        note = (f" (resumed: {self.reused} of {self.cells} cells were already computed)"
+                if self.reused else "")
+        return f"{self.seconds:.0f} s{note}"
 
 
 def figure_paths(name: str, quick: bool, out_dir) -> tuple[Path, Path]:
@@ -58,16 +67,17 @@ def get_recipe(name: str) -> Recipe:
 
 
 def reproduce(name: str, quick: bool = False, out_dir="results", scheduler=None,
-              echo=None, progress: bool = False) -> ReproduceResult:
+              update: bool = False, echo=None, progress: bool = False) -> ReproduceResult:
     """Run and render one figure (see the module docstring)."""
     start = time.perf_counter()
     recipe = get_recipe(name)
     check_learner(recipe)
     spec = parse_sweep(recipe.sweep(quick), source=None)
     h5, png = figure_paths(name, quick, out_dir)
-    run_sweep(spec, h5, scheduler=scheduler, progress=progress, echo=echo)
+    done = run_sweep(spec, h5, scheduler=scheduler, update=update, progress=progress,
+                     echo=echo)
     save_figure(render(recipe, h5, quick), png)
-    return ReproduceResult(name, h5, png, time.perf_counter() - start)
+    return ReproduceResult(name, h5, png, time.perf_counter() - start, done.reused, done.cells)
 
 
 def _matches(attrs: dict, select: dict) -> bool:
@@ -102,40 +112,40 @@ def render(recipe: Recipe, h5, quick: bool):
         if not members:
             raise ValueError(f"{h5}: no finished cell for panel {panel.title!r}")
         quantities = panel.quantity if isinstance(panel.quantity, tuple) else (panel.quantity,)
-        any_ode = False
+        theory = set()
         for q, ls in zip(quantities, QUANTITY_STYLE, strict=False):
             prefix = f"{SHORT[q]}: " if len(quantities) > 1 else ""
-            _, ode = draw_panel(ax, members, quantity=q, x=panel.x, xscale=panel.xscale,
+            _, lines = draw_panel(ax, members, quantity=q, x=panel.x, xscale=panel.xscale,
                                 yscale=panel.yscale, hue=panel.hue, style=panel.style,
                                 prefix=prefix, ls=ls)
-            any_ode |= ode
+            theory |= lines
         if len(quantities) > 1:
             ax.set_ylabel("overlap")
         if panel.xlim_frac is not None:
             ax.set_xlim(0, panel.xlim_frac * max(float(c.traj.steps[-1]) for c in members))
         ax.set_title(panel.title, fontsize=10)
-        legend(ax, style=panel.style, ode=any_ode)
+        legend(ax, style=panel.style, theory=theory)
     head = f"{recipe.name}{' (quick)' if quick else ''}: {describe(curves)}"
     fig.suptitle(wrap_title(head, width), fontsize=10)
     return fig
 
 
 # ---------------------------------------------------------------- README
-def _section(recipe: Recipe, quick: bool, png: Path, command: str, seconds: float) -> str:
+def _section(recipe: Recipe, quick: bool, png: Path, command: str, timing: str) -> str:
     tag = f"{recipe.name}{'-quick' if quick else ''}"
     title = f"{recipe.name.replace('fig', 'Figure ')}{' (quick)' if quick else ''}"
     return (f"<!-- reproduce:{tag} -->\n## {title}\n\n![{title}]({png.name})\n\n"
-            f"{recipe.caption}\n\n```\n{command}\n```\n\nWall time: {seconds:.0f} s on this "
-            f"machine. Data: `{png.with_suffix('.h5').name}` (cells in "
-            f"`{png.with_suffix('.h5').name}.cells/`).\n<!-- /reproduce:{tag} -->\n")
+            f"{recipe.caption}\n\n```\n{command}\n```\n\nWall time: {timing} on {os.cpu_count()} "
+            f"CPU cores. Data (git-ignored, rebuilt by the command): "
+            f"`{png.with_suffix('.h5').name}`.\n<!-- /reproduce:{tag} -->\n")
 
 
 def update_readme(out_dir, recipe: Recipe, quick: bool, png: Path, command: str,
-                  seconds: float) -> Path:
+                  timing: str) -> Path:
     """Insert or replace this figure's section of ``<out_dir>/README.md``; keep the rest."""
     path = Path(out_dir) / "README.md"
     text = path.read_text() if path.exists() else "# results/\n"
-    section = _section(recipe, quick, Path(png), command, seconds)
+    section = _section(recipe, quick, Path(png), command, timing)
     tag = re.escape(f"{recipe.name}{'-quick' if quick else ''}")
     pattern = re.compile(rf"<!-- reproduce:{tag} -->.*?<!-- /reproduce:{tag} -->\n?", re.S)
     if pattern.search(text):

@@ -22,16 +22,19 @@ __all__ = ["reproduce"]
               help="Where the HDF5 sweep files and the PNG figures go.")
 @click.option("--scheduler", default=None, metavar="ADDRESS|local:N",
               help="dask scheduler for the cells (see loradyn sweep) [default: in-process].")
+@click.option("--update", is_flag=True,
+              help="Resume even if finished cells no longer match the recipe (they stay in "
+                   "the .cells/ folder; the changed cells are computed).")
 @click.option("--readme/--no-readme", default=True,
               help="Record each figure, its command and wall time in <out-dir>/README.md.")
-def reproduce(figures, quick, out_dir, scheduler, readme):
+def reproduce(figures, quick, out_dir, scheduler, update, readme):
     """Reproduce FIGURES (fig1 … fig6, or all) of the paper's App. B."""
     names = list(FIGURES) if "all" in figures else list(dict.fromkeys(figures))
     for name in names:
         result = run_figure(name, quick=quick, out_dir=out_dir, scheduler=scheduler,
-                            echo=click.echo, progress=sys.stderr.isatty())
-        click.echo(f"{name}: wrote {result.h5} and {result.png} in {result.seconds:.0f} s")
+                            update=update, echo=click.echo, progress=sys.stderr.isatty())
+        click.echo(f"{name}: wrote {result.h5} and {result.png} in {result.timing()}")
         if readme:
             command = "loradyn reproduce " + name + (" --quick" if quick else "") + (
                 f" --out-dir {shlex.quote(str(out_dir))}" if str(out_dir) != "results" else "")
-            update_readme(out_dir, FIGURES[name], quick, result.png, command, result.seconds)
+            update_readme(out_dir, FIGURES[name], quick, result.png, command, result.timing())

@@ -287,16 +287,16 @@ def plot_scaling(result: ScalingResult):
     colors = {"level": "tab:blue", "strong": "tab:red"}
     for key, times in (("level", result.t_level), ("strong", result.t_strong)):
         for d, t in zip(result.d, times, strict=True):
-            ax.plot(np.full(t.size, d), t, ".", color=colors[key], alpha=0.15, ms=3)
+            ax.plot(np.full(t.size, d), t, ".", color=colors[key], alpha=0.3, ms=3)
         med = np.array([_censored_median(t) for t in times])
         ax.plot(result.d, np.where(np.isfinite(med), med, np.nan), "o", color=colors[key],
                 ms=6, label=f"median {names[key]}")
         fit = result.fits.get(key)
         if fit is not None:
             lo, hi = fit.slope_ci
-            ax.plot(result.d, fit.predict(result.d), "-", color=colors[key], lw=1.5,
-                    label=f"fit: b = {fit.slope:.2f} [{lo:.2f}, {hi:.2f}]; reached "
-                          f"{100 * np.mean(fit.reached):.0f}%")
+            label = (f"fit {names[key]} ∝ d^b: b = {fit.slope:.2f} [{lo:.2f}, {hi:.2f}]; "
+                     f"reached {100 * np.mean(fit.reached):.0f}%")
+            ax.plot(result.d, fit.predict(result.d), "-", color=colors[key], lw=1.5, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("dimension d")

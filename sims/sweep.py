@@ -17,12 +17,22 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .io import check_writable
+from .io import TrajectoryFileError, check_writable
 from .sweep_batch import MAX_BATCH_RUNS, plan_batches, run_batch
-from .sweep_io import SweepLock, cell_dir, finished_cells, rebuild_sweep_file, write_cell
+from .sweep_io import (
+    SWEEP_FORMAT,
+    SweepLock,
+    cell_dir,
+    file_format,
+    finished_cells,
+    rebuild_sweep_file,
+    write_cell,
+)
 from .sweep_spec import SweepSpec
 
 __all__ = ["SweepResult", "run_sweep", "parse_scheduler"]
+
+CONNECT_TIMEOUT = "10s"  # to an existing dask scheduler
 
 
 @dataclass
@@ -62,6 +72,7 @@ def run_sweep(spec: SweepSpec, out, *, scheduler: str | None = None, batch: bool
     cells = spec.cells()  # validates every cell first: bad input never touches the disk
     target = parse_scheduler(scheduler)
     out = check_writable(out)
+    _check_not_foreign(out)
     with SweepLock(out):
         finished = finished_cells(out)
         current = {c.hash for c in cells}
@@ -75,38 +86,64 @@ def run_sweep(spec: SweepSpec, out, *, scheduler: str | None = None, batch: bool
         batches = [b for b in plan_batches(cells, batch, max_batch_runs)
                    if any(c.hash not in finished for c in b.cells)]
         todo = sum(c.hash not in finished for c in cells)
-        echo(f"sweep '{spec.name}': {len(cells)} cells, {len(cells) - todo} finished, "
-             f"{todo} to run in {len(batches)} batch(es)"
-             + (f"; {len(stale)} stale cell file(s) left aside" if stale else ""))
-        rebuild_sweep_file(out, spec, cells, finished)
-        reused = len(finished)
-        with tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress,
-                  desc="cells") as bar:
-            for batch_, trajs in _execute(batches, target, progress):
-                for i, (cell, traj) in enumerate(zip(batch_.cells, trajs, strict=True)):
-                    if cell.hash in finished:
-                        continue
-                    finished[cell.hash] = write_cell(out, cell, traj,
-                                                     cell.config.run_instances(),
-                                                     batch_.info(i))
-                    bar.update(1)
-                rebuild_sweep_file(out, spec, cells, finished)
+        with _executor(target if batches else None) as execute:
+            echo(f"sweep '{spec.name}': {len(cells)} cells, {len(cells) - todo} finished, "
+                 f"{todo} to run in {len(batches)} batch(es)"
+                 + (f"; {len(stale)} stale cell file(s) left aside" if stale else ""))
+            rebuild_sweep_file(out, spec, cells, finished)
+            reused = len(finished)
+            with tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress,
+                      desc="cells") as bar:
+                for batch_, trajs in execute(batches, progress):
+                    _write_batch(out, batch_, trajs, finished, bar)
+                    rebuild_sweep_file(out, spec, cells, finished)
     return SweepResult(out, len(cells), reused, len(finished) - reused, len(stale),
                        len(batches), time.perf_counter() - start)
 
 
-def _execute(batches, target, progress):
-    """Yield (batch, [Trajectory per cell]) as batches finish."""
+def _check_not_foreign(out: Path) -> None:
+    """Refuse to replace an existing file that is not a sweep file (e.g. a `loradyn run` one)."""
+    if not out.exists():
+        return
+    try:
+        fmt = file_format(out)
+    except TrajectoryFileError:
+        fmt = "not a readable HDF5 file"
+    if fmt != SWEEP_FORMAT:
+        raise ValueError(f"{out} exists and is not a loradyn sweep file ({fmt or 'no format'})"
+                         "; choose another --out")
+
+
+def _write_batch(out, batch, trajs, finished: dict, bar) -> None:
+    """Write the batch's cells that are not finished yet (each atomically)."""
+    for i, (cell, traj) in enumerate(zip(batch.cells, trajs, strict=True)):
+        if cell.hash in finished:
+            continue
+        finished[cell.hash] = write_cell(out, cell, traj, cell.config.run_instances(),
+                                         batch.info(i))
+        bar.update(1)
+
+
+def _in_process(batches, progress):
+    for b in batches:
+        yield b, run_batch(b, progress=progress)
+
+
+@contextmanager
+def _executor(target):
+    """A function (batches, progress) → iterator of (batch, trajectories) as they finish."""
     if target is None:
-        for b in batches:
-            yield b, run_batch(b, progress=progress)
+        yield _in_process
         return
     with _dask_client(target) as client:
         from dask.distributed import as_completed
 
-        futures = {client.submit(run_batch, b, pure=False): b for b in batches}
-        for fut in as_completed(futures):
-            yield futures[fut], fut.result()
+        def on_dask(batches, _progress):
+            futures = {client.submit(run_batch, b, pure=False): b for b in batches}
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+
+        yield on_dask
 
 
 @contextmanager
@@ -125,7 +162,7 @@ def _dask_client(target):
             client = stack.enter_context(Client(cluster))
         else:
             try:
-                client = stack.enter_context(Client(value, timeout="10s"))
+                client = stack.enter_context(Client(value, timeout=CONNECT_TIMEOUT))
             except (OSError, TimeoutError) as exc:
                 raise OSError(f"cannot reach dask scheduler {value}: {exc}") from None
         yield client

@@ -12,7 +12,7 @@ with the cell), not on anything else.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -118,12 +118,15 @@ def run_batch(batch: Batch, progress: bool = False) -> list[Trajectory]:
             for c, off in zip(batch.cells, batch.offsets, strict=True)]
 
 
-PER_RUN = ("overlap", "loss", "ode", "diverged_step", "xi", "instance_seed", "c_overlap", "m0")
-
-
 def split_trajectory(traj: Trajectory, start: int, runs: int) -> Trajectory:
-    """Runs [start, start + runs) of a batch trajectory."""
-    sl = slice(start, start + runs)
-    parts = {n: (getattr(traj, n)[sl] if getattr(traj, n) is not None else None)
-             for n in PER_RUN}
-    return replace(traj, **parts, extra={k: np.asarray(v)[sl] for k, v in traj.extra.items()})
+    """Runs [start, start + runs) of a batch trajectory: every per-run array is sliced (any
+    Trajectory field or ``extra`` entry whose leading axis is the run axis)."""
+    sl, total = slice(start, start + runs), traj.overlap.shape[0]
+    parts = {}
+    for f in fields(traj):
+        value = getattr(traj, f.name)
+        if f.name != "steps" and isinstance(value, np.ndarray) and value.ndim >= 1 \
+                and value.shape[0] == total:
+            parts[f.name] = value[sl]
+    extra = {k: np.asarray(v)[sl] for k, v in traj.extra.items()}
+    return replace(traj, **parts, extra=extra)

@@ -21,7 +21,7 @@ import datetime as _dt
 import fcntl
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import h5py
@@ -243,16 +243,16 @@ def _attrs(obj) -> dict:
     return out
 
 
+TRAJ_FIELDS = {f.name for f in fields(Trajectory)}
+
+
 def _trajectory(g, meta: dict) -> Trajectory:
-    arrays = {n: g[n][()] for n in DATASETS if n in g}
+    """A Trajectory from a cell group (every schema dataset that is a Trajectory field)."""
+    arrays = {n: g[n][()] for n in DATASETS if n in g and n in TRAJ_FIELDS}
     extra = {n: g["extra"][n][()] for n in g["extra"]} if "extra" in g else {}
-    return Trajectory(
-        steps=arrays["steps"], overlap=arrays["overlap"], loss=arrays["loss"],
-        ode=arrays["ode"], diverged_step=arrays["diverged_step"], xi=arrays["xi"],
-        instance_seed=arrays["instance_seed"], c_overlap=arrays.get("c_overlap"),
-        loss_kind=meta.get("loss_kind", "exact"), dtype=meta.get("dtype", "float64"),
-        device=meta.get("device", "cpu"), engine=meta.get("engine", "full"), extra=extra,
-        m0=arrays.get("m0"))
+    return Trajectory(**arrays, loss_kind=meta.get("loss_kind", "exact"),
+                      dtype=meta.get("dtype", "float64"), device=meta.get("device", "cpu"),
+                      engine=meta.get("engine", "full"), extra=extra)
 
 
 def read_sweep(path) -> tuple[dict, list[SweepCellData]]:

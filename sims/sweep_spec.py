@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
 import tomllib
@@ -166,9 +166,24 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _defaults() -> dict:
+    out = {}
+    for name, f in RunConfig.__dataclass_fields__.items():
+        if f.default is not MISSING:
+            out[name] = f.default
+        elif f.default_factory is not MISSING:
+            out[name] = f.default_factory()
+    return out
+
+
 def cell_hash(config: RunConfig, first_passage=(), absolute=True) -> str:
-    """sha256 of the resolved cell (format version, config, first-passage levels)."""
-    blob = json.dumps({"format_version": SWEEP_FORMAT_VERSION, "config": config.to_dict(),
+    """sha256 of the resolved cell: format version, the config's fields that differ from
+    RunConfig's defaults (so a loradyn that adds a field keeps finished cells), and the
+    first-passage levels."""
+    defaults = _defaults()
+    data = {k: v for k, v in config.to_dict().items()
+            if k not in defaults or v != defaults[k]}
+    blob = json.dumps({"format_version": SWEEP_FORMAT_VERSION, "config": data,
                        "first_passage": [float(x) for x in first_passage],
                        "absolute": bool(absolute)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -208,9 +223,9 @@ def _parse(data: dict, root: Path) -> SweepSpec:
     _known(meta, SWEEP_KEYS, "[sweep] key")
     base = _table(data, "base")
     instance = _instance(base.pop("instance", None), root)
-    _known(base, CONFIG_AXES, "[base] key")
     if "xi_values" in base:
         raise SweepSpecError("'xi_values' is not allowed in [base]; sweep ξ with [axes] xi")
+    _known(base, CONFIG_AXES, "[base] key")
     axes = _axes(_table(data, "axes"))
     cases = _cases(data.get("cases", []))
     if not axes and not cases:
@@ -290,20 +305,23 @@ def _cases(cases) -> list:
 
 
 def _check_conflicts(base: dict, instance: dict, axes: dict, cases: list) -> None:
-    """An axis (or case key) also fixed in [base] must agree; exclusive pairs never mix."""
+    """An axis or case key also fixed in [base] must list the base value among its values
+    (it is then redundant); the pairs of EXCLUSIVE never mix."""
     fixed = dict(base) | {a: instance[k] for a, k in INSTANCE_AXES.items() if k in instance}
     for name, values in axes.items():
         if name in fixed and fixed[name] not in values:
             table = "[base.instance]" if name in INSTANCE_AXES else "[base]"
             raise SweepSpecError(f"axis '{name}' is also fixed in {table} as {fixed[name]!r}, "
                                  f"which is not among its values {values}; remove one")
-    case_keys = {k for c in cases for k in c}
+    case_keys = list(dict.fromkeys(k for c in cases for k in c))
     for name in case_keys:
         if name in axes:
             raise SweepSpecError(f"'{name}' is both an axis and a [[cases]] key")
-        if name in fixed:
-            raise SweepSpecError(f"[[cases]] key '{name}' is also fixed in [base]; remove one")
-    present = set(fixed) | set(axes) | case_keys
+        values = [c[name] for c in cases if name in c]
+        if name in fixed and fixed[name] not in values:
+            raise SweepSpecError(f"[[cases]] key '{name}' is also fixed in [base] as "
+                                 f"{fixed[name]!r}, which no case uses; remove one")
+    present = set(fixed) | set(axes) | set(case_keys)
     for a, b in EXCLUSIVE:
         if a in present and b in present:
             raise SweepSpecError(f"'{a}' and '{b}' are both given; use one")

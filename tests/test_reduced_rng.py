@@ -20,8 +20,10 @@ def _draw(kind, n, seed, run, dof):
             out[i], st = _rng.uniform(st)
         elif kind == 1:
             out[i], st = _rng.normal(st)
-        else:
+        elif kind == 2:
             out[i], st = _rng.chi2(dof, st)
+        else:
+            out[i], st = _rng.chi2_prepared(_rng.chi2_prepare(dof), st)
     return out
 
 
@@ -44,14 +46,16 @@ def test_normal_law_moments_and_tails():
         assert abs(frac - p) < 5 * np.sqrt(p / z.size) + 1e-6
 
 
+@pytest.mark.parametrize("kind", [2, 3], ids=["chi2", "chi2_prepared"])
 @pytest.mark.parametrize("dof", [1, 2, 5, 40, 1_000_000])
-def test_chi2_law(dof):
-    q = _draw(2, N // 4, 3, dof, dof)
+def test_chi2_law(dof, kind):
+    q = _draw(kind, N // 4, 3, dof, dof)
     assert stats.kstest(q, stats.chi2(dof).cdf).pvalue > P_MIN
 
 
 def test_chi2_zero_dof_is_zero():
     assert np.all(_draw(2, 10, 3, 0, 0) == 0.0)
+    assert np.all(_draw(3, 10, 3, 0, 0) == 0.0)
 
 
 def test_streams_deterministic_and_independent():

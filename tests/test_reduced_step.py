@@ -118,8 +118,7 @@ def test_torch_step_equals_numba_step(act, project, joint):
     chat = params.c_hat0 + 0.1 * rng.standard_normal((runs, K))
     P = torch_chain.TorchParams.from_params(params, "cpu", torch.float64)
     t = torch.as_tensor
-    eta = t(np.full(runs, 0.3))
-    got = torch_chain.step(P, inst.activation, project, joint, eta, 0.5 * eta, t(st[:, K]),
+    got = torch_chain.step(P, inst.activation, project, joint, 0.3, 0.15, t(st[:, K]),
                            t(st[:, K + 1]), t(st[:, :K]), t(chat), t(Z[:, 0]), t(A[:, 0]),
                            t(B[:, 0]), t(E[:, 0]), gram=t(G[:, 0]))
     for run in range(runs):

@@ -16,7 +16,9 @@ __all__ = ["ACT_CODES", "act_code", "sigma", "sigma_and_deriv"]
 ACT_CODES = {"relu": 0, "abs": 1, "sigmoid": 2, "tanh": 3, "erf": 4, "quadratic": 5,
              "linear": 6}
 HERMITE_CODE = 7
-_SQRT2, _SQRT3, _SQRT6, _SQRT24 = math.sqrt(2.0), math.sqrt(3.0), math.sqrt(6.0), math.sqrt(24.0)
+# multiplications by these constants, not divisions (a division costs several multiplies)
+_INV_SQRT6, _INV_SQRT24 = 1.0 / math.sqrt(6.0), 1.0 / math.sqrt(24.0)
+_SQRT3_OVER_SQRT2 = math.sqrt(1.5)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
@@ -49,9 +51,9 @@ def sigma_and_deriv(x, code, p):
     if code == 7:
         x2 = x * x
         if p == 3:
-            return x * (x2 - 3.0) / _SQRT6, _SQRT3 * (x2 - 1.0) / _SQRT2
+            return x * (x2 - 3.0) * _INV_SQRT6, (x2 - 1.0) * _SQRT3_OVER_SQRT2
         if p == 4:
-            return (x2 * (x2 - 6.0) + 3.0) / _SQRT24, 2.0 * x * (x2 - 3.0) / _SQRT6
+            return (x2 * (x2 - 6.0) + 3.0) * _INV_SQRT24, x * (x2 - 3.0) * (2.0 * _INV_SQRT6)
         h, h_prev = _hermite(p, x)
         return h, math.sqrt(p) * h_prev
     if code == 2:
@@ -76,4 +78,9 @@ def sigma(x, code, p):
         return max(x, 0.0)
     if code == 2:
         return 1.0 / (1.0 + math.exp(-x))
+    if code == 7 and p == 4:
+        x2 = x * x
+        return (x2 * (x2 - 6.0) + 3.0) * _INV_SQRT24
+    if code == 7 and p == 3:
+        return x * (x * x - 3.0) * _INV_SQRT6
     return sigma_and_deriv(x, code, p)[0]

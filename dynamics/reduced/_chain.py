@@ -129,6 +129,8 @@ def run_one(r, project, joint, L, ident, prm, code, hp, dof, eta, eta_c, batch, 
     sc2 = np.empty(k)
     vu = np.empty(k)
     refresh = joint or not project
+    chi2_prep = _rng.chi2_prepare(dof)
+    res_scale = -2.0 / batch
     _student_coeffs(L, ident, xi, pw, chat, project, wu, sc1, sc2, vu)
     n_cp = cp_steps.shape[0]
     c = 0
@@ -198,7 +200,7 @@ def run_one(r, project, joint, L, ident, prm, code, hp, dof, eta, eta_c, batch, 
                 else:
                     f1 += df
                     q1 += dq
-            res = -2.0 * (f0 + f1) / batch
+            res = res_scale * (f0 + f1)  # −2(y − f̂)/b
             g = res * (q0 + q1)  # Σⱼ δⱼξĉⱼ/N̂ⱼ, δⱼ = res λⱼσ′(âⱼ)
             if joint or not project:
                 for j in range(k):
@@ -225,7 +227,7 @@ def run_one(r, project, joint, L, ident, prm, code, hp, dof, eta, eta_c, batch, 
                 for n2 in range(batch):
                     rho2 += gvec[n] * Gg[t, n, n2] * gvec[n2]
         else:
-            q, st = _rng.chi2(dof, st)
+            q, st = _rng.chi2_prepared(chi2_prep, st)
             for n in range(batch):
                 rho2 += gvec[n] * gvec[n]
             rho2 *= q

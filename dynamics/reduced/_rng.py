@@ -16,7 +16,8 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["seed_stream", "next_u64", "uniform", "normal", "gamma", "chi2"]
+__all__ = ["seed_stream", "next_u64", "uniform", "normal", "gamma", "chi2", "chi2_prepare",
+           "chi2_prepared"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -103,15 +104,8 @@ def normal(state):
 
 
 @njit(cache=True)
-def gamma(alpha, state):
-    """G ~ Gamma(alpha, 1), alpha > 0 (Marsaglia & Tsang 2000)."""
-    boost = 1.0
-    if alpha < 1.0:
-        w, state = uniform(state)
-        boost = w ** (1.0 / alpha)
-        alpha += 1.0
-    dd = alpha - 1.0 / 3.0
-    cc = 1.0 / math.sqrt(9.0 * dd)
+def _gamma_mt(dd, cc, state):
+    """Marsaglia–Tsang core for shape α ≥ 1, given dd = α − 1/3 and cc = 1/√(9 dd)."""
     while True:
         x, state = normal(state)
         v = 1.0 + cc * x
@@ -121,7 +115,36 @@ def gamma(alpha, state):
         w, state = uniform(state)
         x2 = x * x
         if w < 1.0 - 0.0331 * x2 * x2 or math.log(w) < 0.5 * x2 + dd * (1.0 - v + math.log(v)):
-            return dd * v * boost, state
+            return dd * v, state
+
+
+@njit(cache=True)
+def gamma(alpha, state):
+    """G ~ Gamma(alpha, 1), alpha > 0 (Marsaglia & Tsang 2000)."""
+    boost = 1.0
+    if alpha < 1.0:
+        w, state = uniform(state)
+        boost = w ** (1.0 / alpha)
+        alpha += 1.0
+    dd = alpha - 1.0 / 3.0
+    g, state = _gamma_mt(dd, 1.0 / math.sqrt(9.0 * dd), state)
+    return g * boost, state
+
+
+@njit(cache=True)
+def chi2_prepare(dof):
+    """Constants (dof, dd, cc) of :func:`chi2_prepared`: hoists the per-draw set-up."""
+    dd = 0.5 * dof - 1.0 / 3.0
+    return dof, dd, (1.0 / math.sqrt(9.0 * dd) if dof >= 2 else 0.0)
+
+
+@njit(cache=True)
+def chi2_prepared(prep, state):
+    """Q ~ χ²_dof for ``prep = chi2_prepare(dof)`` (same law as :func:`chi2`)."""
+    if prep[0] < 2:
+        return chi2(prep[0], state)
+    g, state = _gamma_mt(prep[1], prep[2], state)
+    return 2.0 * g, state
 
 
 @njit(cache=True)

@@ -24,8 +24,10 @@ def sweep(quick: bool) -> dict:
 
 def panels(quick: bool) -> tuple:
     _, _, ia, ib = _sizes(quick)
-    return (Panel("(a) ξ = √k, different activations", {"d": ia["d"]}, hue="activation"),
-            Panel("(b) He₃, growing ξ", {"d": ib["d"]}, hue="xi"))
+    return (Panel(f"(a) ξ = √k, different activations (k = {ia['k']}, d = {ia['d']})",
+                  {"d": ia["d"]}, hue="activation", x="steps/d", xscale="linear"),
+            Panel(f"(b) He₃, growing ξ (k = {ib['k']}, d = {ib['d']})", {"d": ib["d"]},
+                  hue="xi", xscale="linear"))
 
 
 RECIPE = Recipe(

@@ -34,8 +34,8 @@ def sweep(quick: bool) -> dict:
     d, k = (500, 20) if quick else (2000, 50)
     return {
         "sweep": {"name": "fig4" + ("-quick" if quick else "")},
-        "base": {"runs": 4 if quick else 8, "joint_c": True, "project": False,
-                 "checkpoints": 60, "engine": "auto", "eval_size": 2000,
+        "base": {"runs": 8, "joint_c": True, "project": False, "checkpoints": 100,
+                 "spacing": "linear", "engine": "auto", "eval_size": 2000,
                  "instance": {k_: v for k_, v in unit_row_instance("relu", d, k).items()
                               if k_ not in ("activation", "xi")}},
         "cases": cases(quick),

@@ -7,11 +7,11 @@ ALPHAS = (0.0, 0.25, 0.5, 0.75)
 
 def sweep(quick: bool) -> dict:
     d, k = (300, 20) if quick else (1000, 100)
-    cases = [{"u_alpha": a, "instance_seeds": "shared"} for a in ALPHAS]
+    cases = [{"u_alpha": a, "instance_seeds": "shared", "runs": 8} for a in ALPHAS]
     cases.append({"u_alpha": 0.5, "instance_seeds": "per_run", "runs": 10})
     return {
         "sweep": {"name": "fig5" + ("-quick" if quick else "")},
-        "base": {"runs": 8, "joint_c": True, "project": False,
+        "base": {"joint_c": True, "project": False,
                  "eta_times_d": 0.04 if quick else 0.03, "steps_per_d": 500,
                  "checkpoints": 60, "spacing": "linear", "engine": "auto",
                  "eval_size": 2000, "instance": unit_row_instance("relu", d, k, 1.0)},

@@ -4,21 +4,23 @@ import math
 
 from .recipe import CONVENTION, Panel, Recipe, unit_row_instance
 
-MULTIPLES = (0, 1, 2, 4, 8)  # ξ = 1, then m·√k
+MULTIPLES = (1, 2, 4, 8, 16)  # ξ = m·√k; the threshold ξ ≈ d^{1/4}√k is 4.2√k (quick), 5.6√k
 
 
 def xis(k: int) -> list:
-    return [1.0 if m == 0 else round(m * math.sqrt(k), 4) for m in MULTIPLES]
+    return [round(m * math.sqrt(k), 4) for m in MULTIPLES]
 
 
 def sweep(quick: bool) -> dict:
     d, k = (300, 10) if quick else (1000, 20)
     return {
         "sweep": {"name": "fig6" + ("-quick" if quick else "")},
-        "base": {"runs": 4 if quick else 8, "joint_c": True, "project": False,
-                 "eta_times_d": 0.0005, "steps_per_d": 3000, "checkpoints": 80,
+        "base": {"runs": 8 if quick else 16, "joint_c": True, "project": False,
+                 "eta_times_d": 0.0005, "steps_per_d": 3000, "checkpoints": 120,
+                 "spacing": "linear",
                  "engine": "auto", "eval_size": 2000,
-                 "instance": unit_row_instance("he3", d, k, 1.0)},
+                 "instance": {key: v for key, v in unit_row_instance("he3", d, k).items()
+                              if key != "xi"}},
         "axes": {"xi": xis(k)},
     }
 
@@ -32,6 +34,6 @@ RECIPE = Recipe(
             "Convention: " + CONVENTION + ".",
     sweep=sweep,
     panels=lambda quick: (
-        Panel("(a) short time scale", {}, hue="xi", xscale="linear", xlim_frac=0.1),
+        Panel("(a) short time scale", {}, hue="xi", xscale="linear", xlim_frac=0.3),
         Panel("(b) long time scale", {}, hue="xi", xscale="log")),
 )

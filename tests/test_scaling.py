@@ -1,0 +1,139 @@
+"""``loradyn scaling``: hitting-time definitions, the fit, the table, the file and the checks."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dynamics.trajectory import Trajectory
+from sims.cli import cli
+from sims.scaling import hitting_times, load_scaling, parse_scaling
+from sims.sweep_spec import SweepSpecError
+
+SPEC = """
+[scaling]
+d = [30, 60, 120]
+c = 0.05
+horizon = 40
+level = 0.5
+epsilon = 0.3
+checkpoints = 200
+n_boot = 200
+
+[base]
+runs = 8
+engine = "auto"
+
+[base.instance]
+activation = "relu"
+k = 3
+xi = 1.0
+c_hat = "teacher"
+seed = 1
+"""
+
+
+def traj(overlap, steps=None, diverged=None, extra=None):
+    overlap = np.asarray(overlap, dtype=float)
+    r, c = overlap.shape
+    return Trajectory(steps=np.arange(c) * 10 if steps is None else np.asarray(steps),
+                      overlap=overlap, loss=overlap * 0, ode=overlap * np.nan,
+                      diverged_step=np.full(r, -1) if diverged is None else np.array(diverged),
+                      xi=np.ones(r), instance_seed=np.zeros(r, dtype=int), extra=extra or {})
+
+
+def test_hitting_time_definitions():
+    t = traj([[0.0, 0.6, 0.3, 0.95, 0.92, 0.97],   # first ≥ 0.5 at 10; stays ≥ 0.9 from 30
+              [0.0, 0.1, 0.2, 0.3, 0.4, 0.45],     # never
+              [0.0, -0.7, -0.95, -0.99, -0.99, -0.98],  # |m|: 10 and 20
+              [0.0, 0.6, 0.95, 0.97, 0.5, 0.99]])  # dips below at 40: strong from 50
+    weak, strong, source = hitting_times(t, 0.5, 0.9)
+    np.testing.assert_array_equal(weak, [10, np.nan, 10, 10])
+    np.testing.assert_array_equal(strong, [30, np.nan, 20, 50])
+    assert "checkpoint" in source
+    weak, strong, _ = hitting_times(t, 0.5, 0.9, absolute=False)
+    assert np.isnan(weak[2]) and np.isnan(strong[2])
+
+
+def test_exact_first_passage_wins_and_diverged_runs_never_reach():
+    t = traj([[0.0, 0.6, 0.95], [0.0, 0.6, 0.95]], diverged=[-1, 15],
+             extra={"first_passage_0.5": np.array([7.0, 8.0])})
+    weak, strong, source = hitting_times(t, 0.5, 0.9)
+    np.testing.assert_array_equal(weak, [7.0, np.nan])
+    np.testing.assert_array_equal(strong, [20.0, np.nan])
+    assert source == "exact first passage"
+
+
+def test_start_above_the_strong_level_counts_as_zero():
+    _, strong, _ = hitting_times(traj([[0.95, 0.96]]), 0.5, 0.9)
+    assert strong[0] == 0.0
+
+
+def test_scaling_cli_table_file_plot_and_expect_slope(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sc.toml").write_text(SPEC)
+    res = CliRunner().invoke(cli, ["scaling", "sc.toml", "--out", "sc.h5", "--json",
+                                   "--expect-slope", "0.5,1.5"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "η = c/d, c = 0.05" in out and "T_0.5: exact first passage" in out
+    assert "reached" in out and "fit T_0.5 ∝ d^b: b = " in out and "95 % CI" in out
+    fits = json.loads(out.strip().splitlines()[-2])
+    slope = fits["level"]["slope"]
+    assert 0.5 < slope < 1.5
+    assert (tmp_path / "sc.png").stat().st_size > 1000
+    with h5py.File("sc.h5", "r") as f:
+        g = f["scaling"]
+        assert list(g["d"][()]) == [30, 60, 120]
+        assert g["t_level"].shape == (3, 8) and g["t_strong"].shape == (3, 8)
+        assert g.attrs["c"] == 0.05
+        assert json.loads(g.attrs["settings"])["horizon"] == 40
+        assert json.loads(g.attrs["fits"])["level"]["slope"] == pytest.approx(slope)
+        assert len(f["cells"]) == 3
+    # an interval far away fails, naming the interval; the results stay written
+    res = CliRunner().invoke(cli, ["scaling", "sc.toml", "--out", "sc.h5",
+                                   "--expect-slope", "2,3"])
+    assert res.exit_code == 1
+    assert "leaves [2, 3]" in res.output and "3 cells, 3 finished" in res.output
+    res = CliRunner().invoke(cli, ["scaling", "sc.toml", "--out", "sc.h5",
+                                   "--expect-slope", "x"])
+    assert res.exit_code == 2 and "expected LO,HI" in res.output
+
+
+def base(**scaling):
+    table = {"d": [10, 20], "c": 0.05, "horizon": 5} | scaling
+    return {"scaling": {k: v for k, v in table.items() if v is not None},
+            "base": {"instance": {"activation": "relu", "k": 3}}}
+
+
+@pytest.mark.parametrize("data, message", [
+    (base(d=[10]), "at least two positive integers"),
+    (base(d=[10, 10]), "repeats a value"),
+    (base(c=None), "c must be a number"),
+    (base(level=1.5), "level = 1.5 must lie in (0, 1)"),
+    (base(epsilon=0), "epsilon = 0 must lie in (0, 1)"),
+    (base(bogus=1), "unknown [scaling] key 'bogus'"),
+    ({"base": {}}, "a [scaling] table is required"),
+    (base() | {"axes": {"xi": [1.0]}}, "unknown top-level table 'axes'"),
+    ({"scaling": base()["scaling"], "base": {"eta": 0.1, "instance": {"activation": "relu"}}},
+     "[base] eta is set by [scaling]"),
+    ({"scaling": base()["scaling"], "base": {"instance": {"activation": "relu", "d": 5}}},
+     "[base.instance] d is set by [scaling] d"),
+])
+def test_bad_scaling_specs(data, message):
+    with pytest.raises(SweepSpecError) as err:
+        parse_scaling(data)
+    assert message in str(err.value)
+
+
+def test_scaling_file_errors_are_one_line(tmp_path):
+    res = CliRunner().invoke(cli, ["scaling", str(tmp_path / "nope.toml")])
+    assert res.exit_code == 1 and res.output.startswith("Error: no such scaling file")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[scaling\n")
+    with pytest.raises(SweepSpecError, match="not valid TOML"):
+        load_scaling(bad)
