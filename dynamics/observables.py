@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .instance import Instance
+from .instance import Instance, build_instance
 from .sampling import run_seed
 
 __all__ = [
@@ -72,9 +72,15 @@ def record_theory(config, instances: list[Instance], m0: np.ndarray,
     return out
 
 
+FINITE_D_MAX_ETA_D = 10.0  # beyond η·d ≈ 10 SGD is far past its noise floor / diverges
+
+
 def finite_d_applies(config) -> bool:
-    """Whether the noise-corrected ODE and band are recorded (frozen ĉ, projected, b = 1)."""
-    return theory_applies(config) and config.batch == 1 and config.finite_d_theory
+    """Whether the noise-corrected ODE and band are recorded: frozen ĉ, projected, b = 1 and
+    η·d ≤ ``FINITE_D_MAX_ETA_D`` (the finite-d map is an expansion in η with ηd = O(1))."""
+    d = build_instance(config.instance).d
+    return (theory_applies(config) and config.batch == 1 and config.finite_d_theory
+            and config.eta * d <= FINITE_D_MAX_ETA_D)
 
 
 def theory_records(config, instances: list[Instance], m0: np.ndarray,
