@@ -16,7 +16,7 @@ from ..observables import (
     initial_drift_sign,
     loss_kind,
     monte_carlo_loss,
-    record_theory,
+    theory_records,
 )
 from ..sampling import resolve_device, resolve_dtype, run_seed
 from ..trajectory import Trajectory, checkpoint_steps
@@ -152,7 +152,7 @@ def _trajectory(config, instances, steps, rec, div, m0, backend, device) -> Traj
         loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
     return Trajectory(
         steps=steps, overlap=overlap, loss=loss,
-        ode=record_theory(config, instances, m0, steps), diverged_step=div,
+        **theory_records(config, instances, m0, steps), diverged_step=div,
         xi=np.array([i.xi for i in instances]),
         instance_seed=np.array([i.seed for i in instances], dtype=np.int64),
         c_overlap=c_ov, loss_kind=kind,
