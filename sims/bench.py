@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
-BENCHMARKS = (("bench_hermite", "command"), ("bench_engine", "command"))
+from .bench_engine import command as bench_engine
+from .bench_hermite import command as bench_hermite
 
 
 @click.group("bench")
@@ -14,11 +13,5 @@ def bench():
     """Benchmarks (ratios measured within one run; no timing is asserted in tests)."""
 
 
-for _module, _attr in BENCHMARKS:
-    try:  # TEMPORARY during parallel development; made explicit at integration
-        _mod = importlib.import_module(f"sims.{_module}")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"sims.{_module}":
-            raise
-        continue
-    bench.add_command(getattr(_mod, _attr))
+bench.add_command(bench_hermite)
+bench.add_command(bench_engine)

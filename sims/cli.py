@@ -27,29 +27,18 @@ def cli():
     """loradyn: gradient dynamics of low-rank (LoRA-style) fine-tuning."""
 
 
-COMMANDS = (
-    ("hermite_cmd", "hermite"),
-    ("run_cmd", "run"),
-    ("show_cmd", "show"),
-    ("bench", "bench"),
-    ("sweep_cmd", "sweep"),
-    ("plot_cmd", "plot"),
-    ("scaling_cmd", "scaling"),
-    ("reproduce_cmd", "reproduce"),
-)
-
-
 def _register():
-    import importlib
+    from .bench import bench
+    from .hermite_cmd import hermite
+    from .plot_cmd import plot
+    from .reproduce_cmd import reproduce
+    from .run_cmd import run
+    from .scaling_cmd import scaling
+    from .show_cmd import show
+    from .sweep_cmd import sweep
 
-    for module, attr in COMMANDS:
-        try:  # TEMPORARY during parallel development; made explicit at integration
-            mod = importlib.import_module(f"sims.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"sims.{module}":
-                raise
-            continue
-        cli.add_command(getattr(mod, attr))
+    for command in (run, show, hermite, sweep, plot, scaling, reproduce, bench):
+        cli.add_command(command)
 
 
 _register()
