@@ -233,14 +233,29 @@ def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-") -> set | 
         if _median_line(ax, xs, getattr(t, "ode_corrected", None), keep, color, quantity,
                         lw=1.2, ls="-."):
             theory.add("corrected")
+        if _theory_band(ax, xs, t, keep, color, quantity):
+            theory.add("band")
     return theory
+
+
+def _theory_band(ax, xs, traj, keep, color, quantity) -> bool:
+    """Hatched 10–90% linear-noise theory band (median over runs of its edges), if recorded."""
+    lo, hi = getattr(traj, "band_lower", None), getattr(traj, "band_upper", None)
+    if lo is None or hi is None or quantity != "overlap":
+        return False
+    lo, hi = np.asarray(lo, dtype=float)[:, keep], np.asarray(hi, dtype=float)[:, keep]
+    if not np.isfinite(lo).any():
+        return False
+    ax.fill_between(xs, _nanpct(lo, 50), _nanpct(hi, 50), facecolor="none", edgecolor=color,
+                    hatch="///", lw=0.0, alpha=0.6)
+    return True
 
 
 def draw_panel(ax, curves, *, quantity="overlap", x="steps", xscale="log", yscale="linear",
                hue=None, style="band", xlim=None, label_keys=None, colors=None,
                prefix="", ls="-") -> tuple[int, set]:
     """Draw ``curves`` on one Axes; (number of curves drawn, theory lines drawn: a subset of
-    {"ode", "corrected"}).
+    {"ode", "corrected", "band"}).
 
     label_keys : attributes named in each curve's legend label [default: those that vary].
     colors : curve id → colour [default: by ``hue``]. prefix : text before each label.
@@ -278,6 +293,11 @@ def legend(ax, handles=None, style="band", theory=(), **kwargs):
     if "corrected" in theory:
         extra.append(Line2D([], [], color="grey", lw=1.2, ls="-.",
                             label="noise-corrected (finite-d) ODE"))
+    if "band" in theory:
+        from matplotlib.patches import Patch
+
+        extra.append(Patch(facecolor="none", edgecolor="grey", hatch="///",
+                           label="theory band 10–90 % (linear noise)"))
     kwargs.setdefault("fontsize", 7.5)
     kwargs.setdefault("loc", "best")
     return ax.legend(handles=list(handles) + extra, **kwargs)

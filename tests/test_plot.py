@@ -50,7 +50,9 @@ def test_one_median_line_band_and_ode_per_cell(files):
     assert len(dashed) == 2  # the ODE exists for projected, frozen ĉ only
     dashdot = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-."]
     assert len(dashdot) == 2  # so does the noise-corrected ODE
-    assert len(ax.collections) == 4  # one 10–90 % band per cell
+    hatched = [c for c in ax.collections if c.get_hatch()]
+    assert len(hatched) == 2  # the linear-noise theory band: projected, frozen ĉ only
+    assert len(ax.collections) - len(hatched) == 4  # one 10–90 % band per cell
     assert ax.get_xlabel() == "SGD steps t" and ax.get_ylabel() == "overlap ⟨û_t, u⟩"
     assert ax.get_xscale() == "log"
     title = fig._suptitle.get_text()
