@@ -135,6 +135,13 @@ def _report(res: dict) -> str:
              f"(goal ≥ {GOALS['engine_over_autograd']:g}x)",
              f"  engine / sampling bound = {q['engine_over_sampling']:8.2f}   "
              f"(goal ≥ {GOALS['engine_over_sampling']:g})"]
+    if "reduced" in res:
+        red = res["reduced"]
+        lines += [f"  reduced engine  {r_:>12,.0f} run-steps/s at d = {int(dd):,}"
+                  for dd, r_ in red["run_steps_per_s"].items()]
+        lines += [f"  reduced d=1e7 / d=1e2     = {red['ratio_1e7_over_1e2']:8.2f}   (goal ≥ 0.9)",
+                  f"  reduced / full at d={red['d']} = {red['ratio_to_full_at_d']:8.1f}x  "
+                  "(goal ≥ 20x)"]
     return "\n".join(lines)
 
 
@@ -147,12 +154,37 @@ def _report(res: dict) -> str:
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu")
 @click.option("--repeats", type=int, default=3, help="Interleaved repeats (medians reported).")
+@click.option("--reduced/--no-reduced", default=True,
+              help="Also the reduced (dimension-free) engine at d = 1e2, 1e4, 1e7 and at --d.")
+@click.option("--reduced-steps", type=int, default=10_000,
+              help="Steps per reduced-engine measurement.")
 @click.option("--quick", is_flag=True, help="Fewer steps and one repeat (smoke test).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def command(d, k, runs, steps, autograd_steps, dtype, device, repeats, quick, as_json):
-    """Engine run-steps/s vs a per-run autograd loop and the sampling bound (ratios)."""
+def command(d, k, runs, steps, autograd_steps, dtype, device, repeats, reduced, reduced_steps,
+            quick, as_json):
+    """Engine run-steps/s vs a per-run autograd loop and the sampling bound (ratios), and the
+    reduced engine's run-steps/s across d with its ratio to the full engine at --d."""
     if quick:
         steps, autograd_steps, repeats = min(steps, 128), min(autograd_steps, 100), 1
     res = measure(d=d, k=k, runs=runs, steps=steps, autograd_steps=autograd_steps, dtype=dtype,
                   device=device, repeats=repeats)
+    if reduced:
+        res["reduced"] = reduced_rows(d, k, runs, reduced_steps, repeats,
+                                      res["run_steps_per_s"]["engine"])
     click.echo(json.dumps(res) if as_json else _report(res))
+
+
+REDUCED_D = (100, 10_000, 10_000_000)
+
+
+def reduced_rows(d, k, runs, steps, repeats, full_rate) -> dict:
+    """Reduced-engine rates (numba, float64) at ``REDUCED_D`` and at ``d``, with the ratios
+    rate(1e7)/rate(1e2) and rate(d)/full-engine rate(d) measured in this same run."""
+    from .bench_reduced import measure_reduced
+
+    res = measure_reduced(d_values=tuple(sorted(set(REDUCED_D) | {d})), k=k, runs=runs,
+                          steps=steps, full_d=None, repeat=repeats)
+    rates = res["reduced"]
+    return {"run_steps_per_s": {str(dd): r for dd, r in rates.items()},
+            "ratio_1e7_over_1e2": rates[max(REDUCED_D)] / rates[min(REDUCED_D)],
+            "ratio_to_full_at_d": rates[d] / full_rate, "d": d}

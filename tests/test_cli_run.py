@@ -148,9 +148,12 @@ def test_show_good_truncated_and_foreign_files(runner):
 
 def test_bench_engine_smoke(runner):
     res = _run(runner, "bench", "engine", "--quick", "--d", "64", "--k", "4", "--runs", "8",
-               "--steps", "32", "--autograd-steps", "20", "--json")
+               "--steps", "32", "--autograd-steps", "20", "--reduced-steps", "2000", "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
+    red = data["reduced"]
+    assert set(red["run_steps_per_s"]) == {"64", "100", "10000", "10000000"}
+    assert all(v > 0 for v in red["run_steps_per_s"].values()) and red["ratio_to_full_at_d"] > 0
     assert {"engine", "autograd_loop", "sampling_bound", "engine_sampler",
             "autograd_loop_1_threads"} <= set(data["run_steps_per_s"])
     assert all(v > 0 for v in data["run_steps_per_s"].values())
