@@ -89,7 +89,7 @@ class _Records:
     def add(self, state) -> None:
         self.overlap.append(self.problem.overlap(state.u_hat).double().cpu().numpy())
         if self.keep_c:
-            self.c_hat.append(state.c_hat.double().cpu().numpy())
+            self.c_hat.append(state.c_hat.double().cpu().numpy().copy())  # not a view
         if self.keep_coords:
             self.coords.append(reduced_coordinates(state.u_hat, self.problem.k))
 

@@ -1,11 +1,11 @@
 """One run of the reduced chain (numba): the exact step (R3)–(R6) of the package docstring.
 
-The whole step loop of a run lives in one function whose inner loop calls only scalar
-helpers (passing arrays to a non-inlined helper costs reference counting on every call, which
-would dominate an O(k) step). Variates come from the run's stream, or, in *given* mode (tests),
-from arrays: z, a, b, ε per step and example, and the Gram matrix of the examples' parts
-rₙ ⊥ span(W, e, ê), from which ρ² = ‖Σₙ ḡₙ rₙ‖² = ḡᵀ Gram ḡ. In stream mode
-ρ² = ‖ḡ‖² χ²_{d−k−2} (same law, see (R5)).
+The whole step loop of a run lives in one function; on the hot path (projected, ĉ frozen)
+it calls only scalar helpers, since passing arrays to a helper costs reference counting on
+every call, which would dominate an O(k) step. Variates come from the run's stream, or, in
+*given* mode (tests), from arrays: z, a, b, ε per step and example, and the Gram matrix of
+the examples' parts rₙ ⊥ span(W, e, ê), from which ρ² = ‖Σₙ ḡₙ rₙ‖² = ḡᵀ Gram ḡ. In stream
+mode ρ² = ‖ḡ‖² χ²_{d−k−2} (same law, see (R5)).
 
 Per-instance parameters are one row ``prm`` = [λ (k), c (k), N (k), u_w (k), u⊥, ξ] and the
 k×k factor ``L`` (rows wᵢ in an orthonormal basis of span W; ``ident`` skips L z).
