@@ -21,13 +21,10 @@ from .config import RunConfig
 from .learners import Problem, get_learner
 from .observables import (
     LOSS_EXACT,
-    c_overlap,
-    exact_loss,
+    assemble_trajectory,
     initial_drift_sign,
     loss_kind,
-    monte_carlo_loss,
     reduced_coordinates,
-    theory_records,
 )
 from .sampling import NoiseSource, resolve_device, resolve_dtype, uniform_perp_directions
 from .trajectory import Trajectory, checkpoint_steps
@@ -218,23 +215,6 @@ def simulate_full(config: RunConfig, progress: bool = False) -> Trajectory:
 
 def _trajectory(config, instances, steps, records, diverged_step, m0, kind, device):
     overlap, c_hats, coords = records.arrays()
-    dead = (diverged_step[:, None] >= 0) & (steps[None, :] >= diverged_step[:, None])
-    overlap[dead] = np.nan
-    c_ov = None
-    if c_hats is not None:
-        c_hats[dead] = np.nan
-        c_ov = c_overlap(c_hats, np.stack([i.c for i in instances])[:, None, :])
-    if kind == LOSS_EXACT:
-        loss = exact_loss(instances, overlap, c_hats)
-    else:
-        coords[dead] = np.nan
-        ch = c_hats if c_hats is not None else np.stack([i.c_hat for i in instances])
-        loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
-    return Trajectory(
-        steps=steps, overlap=overlap, loss=loss,
-        **theory_records(config, instances, m0, steps), diverged_step=diverged_step,
-        xi=np.array([i.xi for i in instances]),
-        instance_seed=np.array([i.seed for i in instances], dtype=np.int64),
-        c_overlap=c_ov, loss_kind=kind, dtype=config.dtype, device=str(device),
-        engine="full", m0=m0,
-    )
+    return assemble_trajectory(config, instances, steps, overlap, c_hats, coords,
+                               diverged_step, m0, dtype=config.dtype, device=device,
+                               engine="full")

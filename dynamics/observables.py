@@ -26,6 +26,7 @@ __all__ = [
     "record_theory",
     "finite_d_applies",
     "theory_records",
+    "assemble_trajectory",
     "initial_drift_sign",
     "exact_loss",
     "loss_with_c_hat",
@@ -227,3 +228,38 @@ def _student_loss(inst, xs, z, y, lam, coords, c_hat) -> np.ndarray:
     a = (z[:, None, :] + xc[None] * s[..., None]) * scale[None]
     f_hat = inst.activation.fn(a) @ lam
     return ((y[:, None] - f_hat) ** 2).mean(0).numpy()
+
+
+def assemble_trajectory(config, instances: list[Instance], steps: np.ndarray,
+                        overlap: np.ndarray, c_hats: np.ndarray | None,
+                        coords: np.ndarray | None, diverged_step: np.ndarray, m0: np.ndarray,
+                        *, dtype: str, device, engine: str):
+    """The Trajectory both engines return, from their raw checkpoint records.
+
+    overlap (R, C); c_hats (R, C, k) when ĉ is trained; coords (R, C, k+2) of û in
+    span(W) ⊕ e ⊕ rest (needed only for the Monte Carlo loss). Records from the step a run
+    diverged on are set to NaN; loss and theory curves follow :func:`exact_loss` /
+    :func:`monte_carlo_loss` and :func:`theory_records`.
+    """
+    from .trajectory import Trajectory
+
+    dead = (diverged_step[:, None] >= 0) & (steps[None, :] >= diverged_step[:, None])
+    overlap = np.where(dead, np.nan, overlap)
+    c_ov = None
+    if c_hats is not None:
+        c_hats = np.where(dead[..., None], np.nan, c_hats)
+        c_ov = c_overlap(c_hats, np.stack([i.c for i in instances])[:, None, :])
+    kind = loss_kind(config)
+    if kind == LOSS_EXACT:
+        loss = exact_loss(instances, overlap, c_hats)
+    else:
+        coords = np.where(dead[..., None], np.nan, coords)
+        ch = c_hats if c_hats is not None else np.stack([i.c_hat for i in instances])
+        loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
+    return Trajectory(
+        steps=steps, overlap=overlap, loss=loss,
+        **theory_records(config, instances, m0, steps), diverged_step=diverged_step,
+        xi=np.array([i.xi for i in instances]),
+        instance_seed=np.array([i.seed for i in instances], dtype=np.int64),
+        c_overlap=c_ov, loss_kind=kind, dtype=dtype, device=str(device), engine=engine, m0=m0,
+    )

@@ -11,12 +11,9 @@ import torch
 from ..config import RunConfig
 from ..observables import (
     LOSS_EXACT,
-    c_overlap,
-    exact_loss,
+    assemble_trajectory,
     initial_drift_sign,
     loss_kind,
-    monte_carlo_loss,
-    theory_records,
 )
 from ..sampling import resolve_device, resolve_dtype, run_seed
 from ..trajectory import Trajectory, checkpoint_steps
@@ -136,29 +133,12 @@ def simulate_reduced(config: RunConfig, *, backend: str | None = None,
 
 def _trajectory(config, instances, steps, rec, div, m0, backend, device) -> Trajectory:
     """Observables as the full engine records them (:mod:`dynamics.observables`)."""
-    dead = (div[:, None] >= 0) & (steps[None, :] >= div[:, None])
-    overlap = np.where(dead, np.nan, rec["m"])
-    c_hats, c_ov = rec["chat"], None
-    if c_hats is not None:
-        c_hats = np.where(dead[..., None], np.nan, c_hats)
-        c_ov = c_overlap(c_hats, np.stack([i.c for i in instances])[:, None, :])
-    kind = loss_kind(config)
-    if kind == LOSS_EXACT:
-        loss = exact_loss(instances, overlap, c_hats)
-    else:
+    coords = None
+    if loss_kind(config) != LOSS_EXACT:
         coords = np.concatenate([rec["pw"], rec["mu"][..., None], rec["nu"][..., None]], -1)
-        coords[dead] = np.nan
-        ch = c_hats if c_hats is not None else np.stack([i.c_hat for i in instances])
-        loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
-    return Trajectory(
-        steps=steps, overlap=overlap, loss=loss,
-        **theory_records(config, instances, m0, steps), diverged_step=div,
-        xi=np.array([i.xi for i in instances]),
-        instance_seed=np.array([i.seed for i in instances], dtype=np.int64),
-        c_overlap=c_ov, loss_kind=kind,
-        dtype="float64" if backend == "numba" else config.dtype, device=str(device),
-        engine=ENGINE, m0=m0,
-    )
+    return assemble_trajectory(config, instances, steps, rec["m"], rec["chat"], coords, div,
+                               m0, dtype="float64" if backend == "numba" else config.dtype,
+                               device=device, engine=ENGINE)
 
 
 def first_passage_reduced(config: RunConfig, level: float, max_steps: int | None = None, *,
