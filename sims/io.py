@@ -145,6 +145,13 @@ def check_writable(path) -> Path:
     return path
 
 
+def _default_mode() -> int:
+    """0o666 less the process umask: the mode an ordinary ``open(path, "w")`` would give."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_trajectory(path, traj: Trajectory, config, instances, *, created: str | None = None
                      ) -> Path:
     """Write one trajectory file atomically (temporary file + ``os.replace``)."""
@@ -171,6 +178,7 @@ def write_trajectory(path, traj: Trajectory, config, instances, *, created: str 
             for name, arr in traj.extra.items():
                 f.create_dataset(f"extra/{name}", data=np.asarray(arr))
             f.attrs[COMPLETE_ATTR] = True
+        os.chmod(tmp, _default_mode())  # mkstemp creates 0600; give the file umask rights
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
