@@ -32,6 +32,8 @@ __all__ = [
     "read_meta",
     "check_writable",
     "git_commit",
+    "package_version",
+    "plain_attrs",
 ]
 
 # ---------------------------------------------------------------- constants (one place)
@@ -79,7 +81,7 @@ def git_commit() -> str:
     return head + ("+dirty" if dirty.strip() else "") if head else "unknown"
 
 
-def _package_version() -> str:
+def package_version() -> str:
     from sims import __version__
 
     return __version__
@@ -158,7 +160,7 @@ def write_trajectory(path, traj: Trajectory, config, instances, *, created: str 
     path = check_writable(path)
     distinct, index = _distinct(instances)
     meta = {
-        "loradyn_version": _package_version(),
+        "loradyn_version": package_version(),
         "git_commit": git_commit(),
         "created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": config_json(config, instances),
@@ -226,14 +228,20 @@ def _check(f: h5py.File, path) -> None:
         raise TrajectoryFileError(f"{path} lacks dataset '{missing[0]}' (damaged file)")
 
 
-def _attrs(f: h5py.File) -> dict:
+def plain_attrs(obj) -> dict:
+    """HDF5 attributes of a file or group as plain Python values (bytes decoded)."""
     out = {}
-    for key, val in f.attrs.items():
+    for key, val in obj.attrs.items():
         if isinstance(val, bytes):
             val = val.decode()
         elif isinstance(val, np.generic):
             val = val.item()
         out[key] = val
+    return out
+
+
+def _attrs(f: h5py.File) -> dict:
+    out = plain_attrs(f)
     if "config" in out:
         out["config"] = json.loads(out["config"])
     return out

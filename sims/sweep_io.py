@@ -25,16 +25,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import h5py
-import numpy as np
 
 from dynamics.trajectory import Trajectory
 
 from .io import (
     DATASETS,
     TrajectoryFileError,
-    _package_version,
     check_writable,
     git_commit,
+    package_version,
+    plain_attrs,
     write_trajectory,
 )
 
@@ -180,7 +180,7 @@ def rebuild_sweep_file(out, spec, cells, finished: dict[str, Path]) -> Path:
         with h5py.File(tmp, "w") as f:
             f.attrs["format"] = SWEEP_FORMAT
             f.attrs["format_version"] = SWEEP_FORMAT_VERSION
-            f.attrs["loradyn_version"] = _package_version()
+            f.attrs["loradyn_version"] = package_version()
             f.attrs["git_commit"] = git_commit()
             f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(
                 timespec="seconds")
@@ -232,17 +232,6 @@ def file_format(path) -> str:
     return fmt.decode() if isinstance(fmt, bytes) else str(fmt)
 
 
-def _attrs(obj) -> dict:
-    out = {}
-    for key, val in obj.attrs.items():
-        if isinstance(val, bytes):
-            val = val.decode()
-        elif isinstance(val, np.generic):
-            val = val.item()
-        out[key] = val
-    return out
-
-
 TRAJ_FIELDS = {f.name for f in fields(Trajectory)}
 
 
@@ -261,7 +250,7 @@ def read_sweep(path) -> tuple[dict, list[SweepCellData]]:
     if fmt != SWEEP_FORMAT:
         raise TrajectoryFileError(f"{path} is not a loradyn sweep file (format {fmt!r})")
     with h5py.File(path, "r") as f:
-        meta = _attrs(f)
+        meta = plain_attrs(f)
         if int(meta.get("format_version", -1)) > SWEEP_FORMAT_VERSION:
             raise TrajectoryFileError(f"{path}: sweep format version "
                                       f"{meta['format_version']} is newer than this loradyn")
@@ -271,7 +260,7 @@ def read_sweep(path) -> tuple[dict, list[SweepCellData]]:
         names = sorted(f["cells"], key=lambda n: int(f["cells"][n].attrs["cell_index"]))
         for name in names:
             g = f["cells"][name]
-            cmeta = _attrs(g)
+            cmeta = plain_attrs(g)
             config = json.loads(cmeta.pop("config"))
             axes = json.loads(cmeta.pop("axes"))
             cells.append(SweepCellData(name, axes, config, _trajectory(g, cmeta), cmeta))
