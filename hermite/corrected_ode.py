@@ -50,6 +50,7 @@ import scipy.interpolate
 import scipy.optimize
 
 from .noise import DEFAULT_SAMPLES, _c_hat, _key, h_tilde, one_step_moments
+from .ode import _check_m0
 
 __all__ = [
     "DriftTable",
@@ -296,13 +297,8 @@ def _hit(mu0, target, sign, max_steps, drift, dth):  # pragma: no cover - compil
 
 # ---------------------------------------------------------------- public API
 def _mu0(instance, m0):
-    m0 = np.atleast_1d(np.asarray(m0, dtype=np.float64))
-    if m0.ndim != 1:
-        raise ValueError(f"m0 must be a scalar or a 1-D array, got shape {m0.shape}")
-    up = instance.u_perp
-    if not np.all(np.isfinite(m0)) or np.any(np.abs(m0) > up * (1 + 1e-12)):
-        raise ValueError(f"m0 must lie in [-u_perp, u_perp] = [{-up:.6g}, {up:.6g}]")
-    return np.clip(m0 / up, -1.0, 1.0)
+    """m₀ validated by :func:`hermite.ode._check_m0`, in μ = m/u_perp units."""
+    return np.clip(_check_m0(instance, m0) / instance.u_perp, -1.0, 1.0)
 
 
 def _ckpts(steps):

@@ -34,6 +34,7 @@ __all__ = [
     "git_commit",
     "package_version",
     "plain_attrs",
+    "open_hdf5",
 ]
 
 # ---------------------------------------------------------------- constants (one place)
@@ -195,7 +196,8 @@ def _dataset_value(traj: Trajectory, name: str, index):
 
 
 # ---------------------------------------------------------------- reader
-def _open(path) -> h5py.File:
+def open_hdf5(path) -> h5py.File:
+    """Open an HDF5 file read-only; TrajectoryFileError if missing, foreign or truncated."""
     path = Path(path)
     if not path.exists():
         raise TrajectoryFileError(f"no such file: {path}")
@@ -249,14 +251,14 @@ def _attrs(f: h5py.File) -> dict:
 
 def read_meta(path) -> dict:
     """The root attributes of a checked trajectory file (config parsed from JSON)."""
-    with _open(path) as f:
+    with open_hdf5(path) as f:
         _check(f, path)
         return _attrs(f)
 
 
 def read_trajectory(path) -> tuple[Trajectory, dict]:
     """(Trajectory, meta) from a file; :class:`TrajectoryFileError` with a one-line reason."""
-    with _open(path) as f:
+    with open_hdf5(path) as f:
         _check(f, path)
         meta = _attrs(f)
         try:

@@ -33,6 +33,7 @@ from .io import (
     TrajectoryFileError,
     check_writable,
     git_commit,
+    open_hdf5,
     package_version,
     plain_attrs,
     write_trajectory,
@@ -219,16 +220,8 @@ class SweepCellData:
 
 def file_format(path) -> str:
     """The ``format`` attribute of an HDF5 file (TrajectoryFileError if unreadable)."""
-    path = Path(path)
-    if not path.exists():
-        raise TrajectoryFileError(f"no such file: {path}")
-    if not h5py.is_hdf5(path):
-        raise TrajectoryFileError(f"{path} is not an HDF5 file")
-    try:
-        with h5py.File(path, "r") as f:
-            fmt = f.attrs.get("format", "")
-    except OSError:
-        raise TrajectoryFileError(f"{path} is a truncated or half-written HDF5 file") from None
+    with open_hdf5(path) as f:
+        fmt = f.attrs.get("format", "")
     return fmt.decode() if isinstance(fmt, bytes) else str(fmt)
 
 
