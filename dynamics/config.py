@@ -6,10 +6,13 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from .instance import Instance, build_instance
+from .learners import LEARNERS as _LEARNER_REGISTRY
 
-__all__ = ["RunConfig", "ConfigError", "LEARNERS", "ENGINES", "INITS", "CHECKPOINT_SPACINGS"]
+__all__ = ["RunConfig", "ConfigError", "LEARNERS", "ENGINES", "INITS", "CHECKPOINT_SPACINGS",
+           "SPARSE_SELECTIONS"]
 
-LEARNERS = ("finetune",)
+LEARNERS = tuple(_LEARNER_REGISTRY)
+SPARSE_SELECTIONS = ("lambda", "random")
 ENGINES = ("full", "reduced", "auto")
 INITS = ("uniform", "aligned")
 CHECKPOINT_SPACINGS = ("log", "linear")
@@ -48,6 +51,19 @@ class RunConfig:
         frozen ĉ, projected, b = 1 only; a few seconds per distinct instance).
     eval_size : examples in the fixed Monte Carlo evaluation set of the loss (used where no
         exact population loss applies: unprojected learner).
+
+    Learner options (each ignored by the learners it does not concern):
+    prox : proximal regularisation prox·‖Δ‖² toward the base model (finetune, linearized).
+    full_rank : linearized learner with a full-rank Δ ∈ R^{k×d} (the NTK of full
+        fine-tuning) instead of the rank-1 Δ = ξĉûᵀ.
+    width : student width k′ of ``scratch``/``scratch-csq`` (None: k).
+    train_second_layer : ``scratch`` also trains its second layer (else fixed to λ).
+    moment_order : 1 (first-order Stein estimator) or 2 (top eigenvector) for ``moment``.
+    sparse_rows : rows s fine-tuned by ``sparse`` (None: ⌈(k + d)/d⌉, rank-1 LoRA's budget).
+    sparse_select : which rows ``sparse`` tunes: ``lambda`` (largest |λᵢ|) or ``random``.
+    refit : after the run, refit the second layer on the 2k features
+        σ(⟨wᵢ ± ξ/√k û, x⟩/norm) (App. F.2) at every checkpoint; records ``refit_loss``.
+    refit_samples : examples of the least-squares refit.
     """
 
     instance: dict
@@ -71,6 +87,15 @@ class RunConfig:
     engine: str = "full"
     eval_size: int = 20_000
     finite_d_theory: bool = True
+    prox: float = 0.0
+    full_rank: bool = False
+    width: int | None = None
+    train_second_layer: bool = False
+    moment_order: int = 1
+    sparse_rows: int | None = None
+    sparse_select: str = "lambda"
+    refit: bool = False
+    refit_samples: int = 20_000
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> RunConfig:
@@ -82,15 +107,26 @@ class RunConfig:
             val = getattr(self, name)
             if not isinstance(val, (int, float)) or not math.isfinite(val) or val <= 0:
                 raise ConfigError(name, f"must be a finite number > 0, got {val!r}")
-        for name in ("steps", "runs", "batch", "checkpoints", "eval_size"):
+        for name in ("steps", "runs", "batch", "checkpoints", "eval_size", "refit_samples"):
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
                 raise ConfigError(name, f"must be a positive integer, got {val!r}")
-        if not math.isfinite(self.label_noise) or self.label_noise < 0:
-            raise ConfigError("label_noise", f"must be ≥ 0, got {self.label_noise}")
+        for name in ("label_noise", "prox"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, (int, float)) \
+                    or not math.isfinite(val) or val < 0:
+                raise ConfigError(name, f"must be a finite number ≥ 0, got {val!r}")
+        for name in ("width", "sparse_rows"):
+            val = getattr(self, name)
+            if val is not None and (isinstance(val, bool) or not isinstance(val, int)
+                                    or val <= 0):
+                raise ConfigError(name, f"must be a positive integer, got {val!r}")
+        if self.moment_order not in (1, 2):
+            raise ConfigError("moment_order", f"must be 1 or 2, got {self.moment_order!r}")
         for name, valid in (("init", INITS), ("spacing", CHECKPOINT_SPACINGS),
                             ("engine", ENGINES), ("instance_seeds", ("shared", "per_run")),
                             ("dtype", ("float64", "float32")),
+                            ("sparse_select", SPARSE_SELECTIONS),
                             ("device", ("cpu", "cuda", "auto"))):
             if getattr(self, name) not in valid:
                 raise ConfigError(name, f"must be one of {', '.join(valid)}, "
@@ -104,6 +140,16 @@ class RunConfig:
         base = build_instance(self.instance)  # raises SpecError naming the key
         if base.d is None:
             raise ConfigError("instance", "key 'd' is required to simulate")
+        from .learners import get_learner
+
+        try:
+            learner = get_learner(self.learner)
+        except ImportError as exc:
+            raise ConfigError("learner", f"learner {self.learner!r} is not available: {exc}")
+        learner.check(self, base)
+        if self.refit and self.learner not in ("finetune",):
+            raise ConfigError("refit", f"needs a learner that learns û (finetune), "
+                                       f"not {self.learner!r}")
         return self
 
     @property

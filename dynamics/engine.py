@@ -1,11 +1,13 @@
 """The batched online-SGD engine: ``simulate(config) -> Trajectory``.
 
-R runs advance together as tensors with a leading run axis (canonical frame, so one example
-costs O(d + k²) per run). Examples are drawn a chunk of steps at a time (``sampling``); the
-learner's in-place step consumes them one step at a time. At each chunk end û is renormalised
-exactly and runs whose step went non-finite (or |m| > 1 + tol) are marked diverged at that
-step, restored to their (finite) state at the start of the chunk and frozen (their step sizes
-set to 0), so NaN never reaches the other runs; their records read NaN from that step on.
+R runs of one learner (``dynamics.learners``, protocol in ``learners.base``) advance together
+as tensors with a leading run axis (canonical frame, so the finetune learner pays O(d + k²)
+per example and run). Examples are drawn a chunk of steps at a time (``sampling``); the
+learner's in-place step consumes them one step at a time. At each chunk end the learner
+retracts exactly onto its manifold, and runs whose step went non-finite (or whose state the
+learner calls invalid, e.g. |m| > 1 + tol) are marked diverged at that step, restored to
+their (finite) state at the start of the chunk and frozen (their step sizes set to 0), so NaN
+never reaches the other runs; their records read NaN from that step on.
 ``engine = reduced | auto`` dispatches to ``dynamics.reduced``.
 """
 
@@ -18,21 +20,13 @@ import torch
 from tqdm import tqdm
 
 from .config import RunConfig
-from .learners import Problem, get_learner
-from .observables import (
-    LOSS_EXACT,
-    assemble_trajectory,
-    initial_drift_sign,
-    loss_kind,
-    reduced_coordinates,
-)
-from .sampling import NoiseSource, resolve_device, resolve_dtype, uniform_perp_directions
+from .learners import Problem, RunResult, get_learner
+from .learners.directions import initial_directions
+from .sampling import NoiseSource, resolve_device, resolve_dtype
 from .trajectory import Trajectory, checkpoint_steps
 
 __all__ = ["simulate", "simulate_full", "FullRun", "choose_engine", "initial_directions",
            "chunk_schedule"]
-
-OVERLAP_TOL = 1e3  # |m| > 1 + OVERLAP_TOL·eps(dtype) counts as diverged
 
 
 def choose_engine(config: RunConfig) -> str:
@@ -57,68 +51,38 @@ def simulate(config: RunConfig, progress: bool = False) -> Trajectory:
     return simulate_full(config, progress=progress)
 
 
-def initial_directions(config: RunConfig, instances) -> tuple[np.ndarray, np.ndarray]:
-    """(û₀ (R, d), m₀ (R,)) float64: uniform on S(span W^⊥), flipped if ``init=aligned``."""
-    inst0 = instances[0]
-    u0 = uniform_perp_directions(config.seed, config.runs, inst0.d, inst0.k)
-    m0 = _overlap_np(u0, instances)
-    if config.init == "aligned":
-        flip = m0 * initial_drift_sign(instances) < 0
-        u0[flip] *= -1.0
-        m0[flip] *= -1.0
-    return u0, m0
-
-
-def _overlap_np(u: np.ndarray, instances) -> np.ndarray:
-    k = instances[0].k
-    u_w = np.stack([i.u_w for i in instances])
-    u_perp = np.array([i.u_perp for i in instances])
-    return (u[:, :k] * u_w).sum(1) + u[:, k] * u_perp
-
-
 class _Records:
-    """Checkpoint records (host numpy): overlaps, ĉ when trained, û's reduced coordinates."""
+    """Checkpoint records (host numpy): whatever ``learner.observe`` returns, stacked."""
 
-    def __init__(self, problem: Problem, keep_c: bool, keep_coords: bool):
-        self.problem, self.keep_c, self.keep_coords = problem, keep_c, keep_coords
-        self.overlap, self.c_hat, self.coords = [], [], []
+    def __init__(self, learner):
+        self.learner, self.lists = learner, {}
 
     def add(self, state) -> None:
-        self.overlap.append(self.problem.overlap(state.u_hat).double().cpu().numpy())
-        if self.keep_c:
-            self.c_hat.append(state.c_hat.double().cpu().numpy().copy())  # not a view
-        if self.keep_coords:
-            self.coords.append(reduced_coordinates(state.u_hat, self.problem.k))
+        for name, value in self.learner.observe(state).items():
+            self.lists.setdefault(name, []).append(value)
 
-    def arrays(self):
-        def stack(xs):
-            return np.stack(xs, axis=1) if xs else None
-
-        return stack(self.overlap), stack(self.c_hat), stack(self.coords)
+    def arrays(self) -> dict:
+        """name → (R, C, ...)."""
+        return {name: np.stack(xs, axis=1) for name, xs in self.lists.items()}
 
 
 class _Divergence:
     """Tracks diverged runs: detection at chunk ends, restore-and-freeze (see module doc)."""
 
-    def __init__(self, runs: int, dtype: torch.dtype, device):
+    def __init__(self, runs: int, device):
         self.step = np.full(runs, -1, dtype=np.int64)
         self.alive = torch.ones(runs, dtype=torch.bool, device=device)
-        self.tol = 1.0 + OVERLAP_TOL * torch.finfo(dtype).eps
 
     def check(self, learner, state, snapshot, norms: torch.Tensor, start: int) -> None:
-        # norms = 1/n per step (n, R): a finite positive value for every valid step
+        # norms: the steps' health values (n, R), finite and > 0 for every valid step
         bad_n = ~(torch.isfinite(norms) & (norms > 0))
-        m = learner.problem.overlap(state.u_hat)
-        bad_end = ~torch.isfinite(state.c_hat).all(-1) | ~(m.abs() <= self.tol)
-        new = (bad_n.any(0) | bad_end) & self.alive
+        new = (bad_n.any(0) | learner.bad_runs(state)) & self.alive
         if not bool(new.any()):
             return
         first = torch.where(bad_n.any(0), bad_n.int().argmax(0) + 1, norms.shape[0])
         idx = new.nonzero().squeeze(1)
-        state.u_hat[idx] = snapshot.u_hat[idx]
-        state.c_hat[idx] = snapshot.c_hat[idx]
-        learner.eta_r[idx] = 0.0
-        learner.eta_c_r[idx] = 0.0
+        state.restore_(snapshot, idx)
+        learner.freeze_(idx)
         self.alive[idx] = False
         self.step[idx.cpu().numpy()] = start + first[idx].cpu().numpy()
 
@@ -164,12 +128,10 @@ class FullRun:
         self.instances = config.run_instances()
         self.problem = Problem.from_instances(self.instances, self.device, self.dtype)
         self.learner = get_learner(config.learner).from_config(config, self.problem)
-        u0, self.m0 = initial_directions(config, self.instances)
-        self.state = self.learner.init_state(u0)
+        self.state, self.m0 = self.learner.initial_state(config, self.instances)
         self.steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
-        self.kind = loss_kind(config)
-        self.records = _Records(self.problem, config.joint_c, self.kind != LOSS_EXACT)
-        self.divergence = _Divergence(config.runs, self.dtype, self.device)
+        self.records = _Records(self.learner)
+        self.divergence = _Divergence(config.runs, self.device)
 
     def run(self, progress: bool = False) -> Trajectory:
         """Advance every run to the last checkpoint, recording at each; the Trajectory."""
@@ -204,17 +166,11 @@ class FullRun:
 
     def trajectory(self) -> Trajectory:
         """Observables at the checkpoints (loss, theory) as a :class:`Trajectory`."""
-        return _trajectory(self.config, self.instances, self.steps, self.records,
-                           self.divergence.step, self.m0, self.kind, self.device)
+        result = RunResult(self.config, self.instances, self.steps, self.records.arrays(),
+                           self.divergence.step, self.m0, self.device)
+        return self.learner.trajectory(result)
 
 
 def simulate_full(config: RunConfig, progress: bool = False) -> Trajectory:
     """The full engine: û ∈ R^d explicitly, x ~ N(0, I_d) drawn for every step and run."""
     return FullRun(config).run(progress)
-
-
-def _trajectory(config, instances, steps, records, diverged_step, m0, kind, device):
-    overlap, c_hats, coords = records.arrays()
-    return assemble_trajectory(config, instances, steps, overlap, c_hats, coords,
-                               diverged_step, m0, dtype=config.dtype, device=device,
-                               engine="full")

@@ -27,21 +27,24 @@ import numpy as np
 import torch
 
 from .. import sphere
+from ..observables import LOSS_EXACT, assemble_trajectory, loss_kind, reduced_coordinates
+from .base import Learner, RunResult, TensorState
+from .directions import initial_directions
 from .problem import Problem, per_run, rowmat
 
 __all__ = ["FinetuneState", "Finetune", "ExampleTerms", "Prepared"]
 
 
+OVERLAP_TOL = 1e3  # |m| > 1 + OVERLAP_TOL·eps(dtype) counts as diverged
+
+
 @dataclass
-class FinetuneState:
+class FinetuneState(TensorState):
     """State of R runs of the finetune learner (run axis first)."""
 
     u_hat: torch.Tensor  # (R, d) student direction û, unit rows, canonical frame
     c_hat: torch.Tensor  # (R, k) student second-layer direction ĉ (moves only if joint_c)
     step: int = 0  # SGD steps taken
-
-    def clone(self) -> FinetuneState:
-        return FinetuneState(self.u_hat.clone(), self.c_hat.clone(), self.step)
 
 
 @dataclass
@@ -89,19 +92,23 @@ class ExampleTerms:
         return self.resid * self.resid
 
 
-class Finetune:
+class Finetune(Learner):
     """Learner ``finetune`` for R runs at once (see module docstring for the formulas).
 
     ``eta_r``/``eta_c_r`` are per-run step sizes: the engine zeroes a diverged run's entries,
-    which freezes it without branching in the hot loop.
+    which freezes it without branching in the hot loop. ``prox`` adds the proximal term
+    prox·‖Δ‖² = prox·ξ²‖ĉ‖² toward the base model (seed 003) to the loss; it does not depend
+    on û, so it acts on ĉ only (joint training).
     """
 
     name = "finetune"
 
     def __init__(self, problem: Problem, *, eta: float, eta_c: float, project: bool = True,
-                 joint_c: bool = False, batch: int = 1, label_noise: float = 0.0):
+                 joint_c: bool = False, batch: int = 1, label_noise: float = 0.0,
+                 prox: float = 0.0, keep_coords: bool = False):
         self.problem, self.k = problem, problem.k
         self.project, self.joint_c, self.batch = project, joint_c, batch
+        self.prox, self.keep_coords = prox, keep_coords
         self.noise_sd = math.sqrt(label_noise)
         ones = torch.ones_like(problem.xi)
         self.eta_r, self.eta_c_r = eta * ones, eta_c * ones
@@ -112,7 +119,12 @@ class Finetune:
     @classmethod
     def from_config(cls, config, problem: Problem) -> Finetune:
         return cls(problem, eta=config.eta, eta_c=config.step_size_c, project=config.project,
-                   joint_c=config.joint_c, batch=config.batch, label_noise=config.label_noise)
+                   joint_c=config.joint_c, batch=config.batch, label_noise=config.label_noise,
+                   prox=config.prox,
+                   keep_coords=loss_kind(config) != LOSS_EXACT or config.refit)
+
+    def step_sizes(self) -> list[torch.Tensor]:
+        return [self.eta_r, self.eta_c_r]
 
     @property
     def needs_label_noise(self) -> bool:
@@ -124,6 +136,11 @@ class Finetune:
         if self.batch != 1:
             return None
         return (self.k if self.project else 0, self.problem.d)
+
+    def initial_state(self, config, instances) -> tuple[FinetuneState, np.ndarray]:
+        """û₀ uniform on the sphere of span(W)^⊥ (``aligned``: sign-flipped), ĉ₀ = ĉ."""
+        u0, m0 = initial_directions(config, instances)
+        return self.init_state(u0), m0
 
     def init_state(self, u_hat0: np.ndarray, c_hat0: torch.Tensor | None = None) -> FinetuneState:
         """State from initial directions (R, d) (float64 numpy) and ĉ (default: instances')."""
@@ -191,12 +208,15 @@ class Finetune:
         return t.delta * t.a * (t.shift * t.scale)[:, None]
 
     def _grad_c(self, state: FinetuneState, t: ExampleTerms) -> torch.Tensor:
-        """∂L/∂ĉ per example, (R, b, k)."""
+        """∂L/∂ĉ per example, (R, b, k), with the proximal term 2·prox·ξ²ĉ."""
         xi = self.problem.xi[:, None]
         xc = xi * state.c_hat
         inner = xi * (xc if t.omega is None else t.omega + xc)  # ξ⟨wⱼ,û⟩ + ξ²ĉⱼ
         dn = xi[:, None] * t.s[..., None] - t.a * (t.scale * inner)[:, None]
-        return t.delta * t.scale[:, None] * dn
+        grad = t.delta * t.scale[:, None] * dn
+        if self.prox:
+            grad = grad + (2.0 * self.prox * xi * xc)[:, None]
+        return grad
 
     def sample_gradients(self, state: FinetuneState, x: torch.Tensor,
                          eps: torch.Tensor | None = None):
@@ -215,19 +235,6 @@ class Finetune:
         return tangent, self._grad_c(state, t), t.loss
 
     # ------------------------------------------------------------------ steps
-    def step(self, state: FinetuneState, x: torch.Tensor,
-             eps: torch.Tensor | None = None) -> FinetuneState:
-        """Pure step: a new state after one SGD step on the examples x (R, b, d)."""
-        new = state.clone()
-        self.step_(new, x, eps)
-        return new
-
-    def step_(self, state: FinetuneState, x: torch.Tensor,
-              eps: torch.Tensor | None = None) -> torch.Tensor:
-        """One SGD step in place on x (R, b, d); returns 1/n per run (n: the normaliser)."""
-        pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
-        return self.step_prepared_(state, x, pre, 0)
-
     def step_prepared_(self, state: FinetuneState, x: torch.Tensor, pre: Prepared,
                        i: int) -> torch.Tensor:
         """Step i of a prepared chunk, in place; returns 1/n (not finite and > 0 ⇒ diverged)."""
@@ -284,3 +291,28 @@ class Finetune:
     def renormalize_(self, state: FinetuneState) -> None:
         """Exact projx of û (removes the rounding drift of the closed-form normaliser)."""
         state.u_hat.div_(torch.linalg.vector_norm(state.u_hat, dim=-1, keepdim=True))
+
+    # ------------------------------------------------------------------ engine protocol
+    def bad_runs(self, state: FinetuneState) -> torch.Tensor:
+        """Non-finite ĉ or |m| > 1 + tol (a non-finite û shows up in m)."""
+        tol = 1.0 + OVERLAP_TOL * torch.finfo(state.u_hat.dtype).eps
+        m = self.problem.overlap(state.u_hat)
+        return ~torch.isfinite(state.c_hat).all(-1) | ~(m.abs() <= tol)
+
+    def observe(self, state: FinetuneState) -> dict:
+        """Overlap m (R,), ĉ (R, k) when trained, û's reduced coordinates when needed."""
+        out = {"overlap": self.problem.overlap(state.u_hat).double().cpu().numpy()}
+        if self.joint_c:
+            out["c_hat"] = state.c_hat.double().cpu().numpy().copy()  # not a view
+        if self.keep_coords:
+            out["coords"] = reduced_coordinates(state.u_hat, self.k)
+        return out
+
+    def trajectory(self, result: RunResult):
+        """Loss (exact or Monte Carlo), theory curves and, with ``refit``, the refit loss."""
+        rec = result.records
+        return assemble_trajectory(result.config, result.instances, result.steps,
+                                   rec["overlap"], rec.get("c_hat"), rec.get("coords"),
+                                   result.diverged_step, result.m0,
+                                   dtype=result.config.dtype, device=result.device,
+                                   engine=result.engine)

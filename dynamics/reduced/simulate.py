@@ -134,8 +134,9 @@ def simulate_reduced(config: RunConfig, *, backend: str | None = None,
 def _trajectory(config, instances, steps, rec, div, m0, backend, device) -> Trajectory:
     """Observables as the full engine records them (:mod:`dynamics.observables`)."""
     coords = None
-    if loss_kind(config) != LOSS_EXACT:
-        coords = np.concatenate([rec["pw"], rec["mu"][..., None], rec["nu"][..., None]], -1)
+    if loss_kind(config) != LOSS_EXACT or config.refit:
+        pw = rec["pw"] if rec["pw"] is not None else np.zeros(rec["m"].shape + (instances[0].k,))
+        coords = np.concatenate([pw, rec["mu"][..., None], rec["nu"][..., None]], -1)
     return assemble_trajectory(config, instances, steps, rec["m"], rec["chat"], coords, div,
                                m0, dtype="float64" if backend == "numba" else config.dtype,
                                device=device, engine=ENGINE)
