@@ -64,6 +64,8 @@ class RunConfig:
     refit : after the run, refit the second layer on the 2k features
         σ(⟨wᵢ ± ξ/√k û, x⟩/norm) (App. F.2) at every checkpoint; records ``refit_loss``.
     refit_samples : examples of the least-squares refit.
+    rank : r, the rank of the teacher's perturbation ξCUᵀ and of the student's ξĈÛᵀ
+        (``lora`` learner; 1 = the paper's model).
     """
 
     instance: dict
@@ -96,6 +98,7 @@ class RunConfig:
     sparse_select: str = "lambda"
     refit: bool = False
     refit_samples: int = 20_000
+    rank: int = 1
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> RunConfig:
@@ -107,7 +110,8 @@ class RunConfig:
             val = getattr(self, name)
             if not isinstance(val, (int, float)) or not math.isfinite(val) or val <= 0:
                 raise ConfigError(name, f"must be a finite number > 0, got {val!r}")
-        for name in ("steps", "runs", "batch", "checkpoints", "eval_size", "refit_samples"):
+        for name in ("steps", "runs", "batch", "checkpoints", "eval_size", "refit_samples",
+                     "rank"):
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
                 raise ConfigError(name, f"must be a positive integer, got {val!r}")

@@ -19,6 +19,7 @@ LEARNERS = {
     "sparse": ("network", "Sparse"),
     "glm": ("glm", "GLM"),
     "moment": ("moment", "Moment"),
+    "lora": ("lora", "LoRA"),
 }
 
 
