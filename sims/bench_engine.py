@@ -142,6 +142,13 @@ def _report(res: dict) -> str:
         lines += [f"  reduced d=1e7 / d=1e2     = {red['ratio_1e7_over_1e2']:8.2f}   (goal ≥ 0.9)",
                   f"  reduced / full at d={red['d']} = {red['ratio_to_full_at_d']:8.1f}x  "
                   "(goal ≥ 20x)"]
+    if "learners" in res:
+        lr = res["learners"]
+        lines.append(f"  learners (full engine, R={lr['runs']}, {lr['steps']} steps, "
+                     f"best of {lr['repeats']}):")
+        for label, rate in lr["run_steps_per_s"].items():
+            text = f"{rate:>12,.0f} run-steps/s" if isinstance(rate, float) else rate
+            lines.append(f"    {label:<24}{text}")
     return "\n".join(lines)
 
 
@@ -158,10 +165,14 @@ def _report(res: dict) -> str:
               help="Also the reduced (dimension-free) engine at d = 1e2, 1e4, 1e7 and at --d.")
 @click.option("--reduced-steps", type=int, default=10_000,
               help="Steps per reduced-engine measurement.")
+@click.option("--learners/--no-learners", default=True,
+              help="Also one row per learner (full engine, same d and k).")
+@click.option("--learner-runs", type=int, default=64, help="Runs R of the learner rows.")
+@click.option("--learner-steps", type=int, default=256, help="Steps of each learner row.")
 @click.option("--quick", is_flag=True, help="Fewer steps and one repeat (smoke test).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def command(d, k, runs, steps, autograd_steps, dtype, device, repeats, reduced, reduced_steps,
-            quick, as_json):
+            learners, learner_runs, learner_steps, quick, as_json):
     """Engine run-steps/s vs a per-run autograd loop and the sampling bound (ratios), and the
     reduced engine's run-steps/s across d with its ratio to the full engine at --d."""
     if quick:
@@ -171,6 +182,14 @@ def command(d, k, runs, steps, autograd_steps, dtype, device, repeats, reduced, 
     if reduced:
         res["reduced"] = reduced_rows(d, k, runs, reduced_steps, repeats,
                                       res["run_steps_per_s"]["engine"])
+    if learners:
+        from .bench_learners import learner_rows
+
+        if quick:
+            learner_steps = min(learner_steps, 32)
+        res["learners"] = {"runs": learner_runs, "steps": learner_steps, "repeats": repeats,
+                           "run_steps_per_s": learner_rows(d, k, learner_runs, learner_steps,
+                                                           dtype, device, repeats)}
     click.echo(json.dumps(res) if as_json else _report(res))
 
 

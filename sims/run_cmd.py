@@ -10,7 +10,7 @@ import warnings
 import click
 import numpy as np
 
-from dynamics.config import ENGINES, INITS, RunConfig
+from dynamics.config import ENGINES, INITS, LEARNERS, SPARSE_SELECTIONS, RunConfig
 from dynamics.defaults import ETA_C, default_eta, default_steps
 from dynamics.engine import simulate
 from dynamics.instance import build_instance, load_spec
@@ -72,7 +72,24 @@ def _summary_line(traj, notes) -> str:
 
 @click.command("run")
 @click.argument("spec")
-@click.option("--learner", default="finetune", help="Learner name (registry).")
+@click.option("--learner", type=click.Choice(LEARNERS), default="finetune",
+              help="Learner: finetune (rank-1 LoRA, eq. 4), lora (rank r), linearized "
+                   "(NTK), scratch, scratch-csq, sparse (S²FT), glm, moment.")
+@click.option("--rank", type=int, default=1, help="Rank r of the lora learner.")
+@click.option("--prox", type=float, default=0.0,
+              help="Proximal regularisation prox·‖Δ‖² toward the base (finetune, linearized).")
+@click.option("--full-rank", is_flag=True, help="linearized: full-rank Δ (NTK of full FT).")
+@click.option("--width", type=int, default=None, help="scratch: student width k′ [k].")
+@click.option("--train-second-layer", is_flag=True, help="scratch: also train λ̂.")
+@click.option("--moment-order", type=click.IntRange(1, 2), default=1,
+              help="moment: 1 (Stein first order) or 2 (top eigenvector).")
+@click.option("--sparse-rows", type=int, default=None,
+              help="sparse: rows tuned [⌈(k+d)/d⌉, rank-1 LoRA's parameter budget].")
+@click.option("--sparse-select", type=click.Choice(SPARSE_SELECTIONS), default="lambda",
+              help="sparse: rows of largest |λᵢ| or random rows.")
+@click.option("--refit", is_flag=True,
+              help="Refit the second layer on σ(⟨wᵢ ± ξ/√k û, x⟩) features (App. F.2).")
+@click.option("--refit-samples", type=int, default=20_000, help="Examples of the refit.")
 @click.option("--joint-c", is_flag=True, help="Train ĉ jointly with û (plain SGD).")
 @click.option("--eta-c", type=float, default=None, help="Step size of ĉ (default: --eta).")
 @click.option("--no-project", is_flag=True, help="Do not apply Π onto span(W)^⊥ (App. B).")
@@ -106,7 +123,8 @@ def _summary_line(traj, notes) -> str:
               help="Also record the noise-corrected ODE and the theory band (frozen ĉ, "
                    "projected, b = 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the mean curve as JSON.")
-def run(spec, learner, joint_c, eta_c, no_project, eta, steps, runs, seed, batch, label_noise,
+def run(spec, learner, rank, prox, full_rank, width, train_second_layer, moment_order,
+        sparse_rows, sparse_select, refit, refit_samples, joint_c, eta_c, no_project, eta, steps, runs, seed, batch, label_noise,
         init, checkpoints, spacing, xi_values, instance_seeds, dtype, device, engine, out,
         plot, finite_d_theory, as_json):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
@@ -115,7 +133,10 @@ def run(spec, learner, joint_c, eta_c, no_project, eta, steps, runs, seed, batch
         project=not no_project, runs=runs, seed=seed, batch=batch, label_noise=label_noise,
         init=init, checkpoints=checkpoints, spacing=spacing,
         xi_values=list(xi_values) or None, instance_seeds=instance_seeds, dtype=dtype,
-        device=device, engine=engine, finite_d_theory=finite_d_theory)
+        device=device, engine=engine, finite_d_theory=finite_d_theory, rank=rank, prox=prox,
+        full_rank=full_rank, width=width, train_second_layer=train_second_layer,
+        moment_order=moment_order, sparse_rows=sparse_rows, sparse_select=sparse_select,
+        refit=refit, refit_samples=refit_samples)
     check_writable(out)
     if plot:
         check_writable(plot)
