@@ -1,0 +1,119 @@
+"""The rank-r reduced chain (dynamics.reduced.rank_chain) against an explicit d-dimensional
+Stiefel step, and its initial law against Haar-uniform frames (statistical)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dynamics.reduced import rank_chain
+from dynamics.reduced._act import act_code
+
+
+def _explicit_step(U_hat, x, W, U, lam, C, C_hat, xi, act, eta, eta_c, joint, retraction,
+                   eps=0.0):
+    """Reference: the full Riemannian SGD step in d dimensions (projected, embedded metric)."""
+    import torch
+
+    Uh = torch.tensor(U_hat, requires_grad=True)
+    Ch = torch.tensor(C_hat, requires_grad=True)
+    xt = torch.tensor(x)
+    Wt, Ut = torch.tensor(W), torch.tensor(U)
+    fn = {"relu": torch.relu, "tanh": torch.tanh,
+          "he3": lambda v: (v**3 - 3 * v) / np.sqrt(6.0)}[act]
+    teacher_rows = Wt + xi * torch.tensor(C) @ Ut.T
+    teacher_rows = teacher_rows / teacher_rows.norm(dim=1, keepdim=True)
+    y = (torch.tensor(lam) * fn(teacher_rows @ xt)).sum() + eps
+    rows = Wt + xi * Ch @ Uh.T
+    rows = rows / rows.norm(dim=1, keepdim=True)
+    loss = (y - (torch.tensor(lam) * fn(rows @ xt)).sum()) ** 2
+    gU, gC = torch.autograd.grad(loss, (Uh, Ch))
+    gU, gC = gU.numpy(), gC.numpy()
+    k = W.shape[0]
+    gU[:k] = 0.0  # Π onto span(W)^⊥ (span W = first k coordinates)
+    sym = U_hat.T @ gU
+    tang = gU - U_hat @ (0.5 * (sym + sym.T))
+    Y = U_hat - eta * tang
+    if retraction == "qr":
+        Q, R = np.linalg.qr(Y)
+        Q = Q * np.sign(np.diag(R))
+    else:
+        w, v = np.linalg.eigh(Y.T @ Y)
+        Q = Y @ (v / np.sqrt(w)) @ v.T
+    return Q, (C_hat - eta_c * gC if joint else C_hat)
+
+
+@pytest.mark.parametrize("r", [1, 2, 3])
+@pytest.mark.parametrize("retraction", ["qr", "polar"])
+@pytest.mark.parametrize("joint", [False, True])
+@pytest.mark.parametrize("act", ["relu", "he3"])
+def test_chain_step_equals_explicit_step(r, retraction, joint, act):
+    rng = np.random.default_rng(r + 10 * joint)
+    k, d, xi, eta, eta_c = 4, 23, 1.3, 0.07, 0.05
+    W = np.zeros((k, d))
+    W[:, :k] = np.linalg.qr(rng.standard_normal((k, k)))[0] @ np.diag([1, 1, 1, 1.0])
+    L = W[:, :k].copy()
+    U = np.zeros((d, r))
+    U[k:k + r] = np.eye(r)
+    lam = rng.standard_normal(k)
+    C = rng.standard_normal((k, r)) / np.sqrt(k)
+    C_hat = rng.standard_normal((k, r)) / np.sqrt(k)
+    # a student frame ⊥ span W with some overlap with U
+    G = rng.standard_normal((d, r))
+    G[:k] = 0.0
+    G[k:k + r] += 1.5 * rng.standard_normal((r, r))
+    U_hat = np.linalg.qr(G)[0]
+    for _ in range(3):
+        x = rng.standard_normal(d)
+        eps = 0.3 * rng.standard_normal()
+        M = U.T @ U_hat
+        P = U_hat - U @ M
+        B = rank_chain._sym_sqrt(P.T @ P, False)
+        Q = P @ np.linalg.inv(B)
+        a, bv = U.T @ x, Q.T @ x
+        rest = x.copy()
+        rest[:k] = 0.0
+        rest -= U @ a + Q @ bv
+        code, hp = act_code(act)
+        tnorm = np.sqrt(1.0 + xi**2 * (C**2).sum(1))
+        m2, b2, c2 = rank_chain.step_given(
+            L, False, lam, C, tnorm, xi, C_hat, joint, code, hp, eta, eta_c,
+            rank_chain.RETRACTIONS[retraction], M, B, x[:k].copy(), a, bv,
+            float(np.linalg.norm(rest)), eps)
+        U_hat, C_hat_new = _explicit_step(U_hat, x, W, U, lam, C, C_hat, xi, act, eta,
+                                          eta_c, joint, retraction, eps)
+        np.testing.assert_allclose(m2, U.T @ U_hat, atol=1e-12)
+        P2 = U_hat - U @ (U.T @ U_hat)
+        np.testing.assert_allclose(b2.T @ b2, P2.T @ P2, atol=1e-12)
+        np.testing.assert_allclose(c2, C_hat_new, atol=1e-12)
+        C_hat = C_hat_new
+
+
+@pytest.mark.parametrize("r", [1, 2, 3])
+def test_initial_law_is_haar(r):
+    """M₀ = UᵀÛ₀ for Û₀ Haar on St(span W^⊥, r): KS on the singular values and on M₀[0, 0]
+    against explicit QR-of-Gaussian frames in d − k dimensions."""
+    n_perp, runs = 12, 4000
+    states = np.zeros(runs, dtype=np.uint64)
+    m_chain = np.empty((runs, r, r))
+    b_chain = np.empty((runs, r, r))
+    rank_chain.init_runs(7, n_perp, states, m_chain, b_chain)
+    rng = np.random.default_rng(3)
+    def haar(n):  # QR of a Gaussian with diag(R) > 0 is Haar on the Stiefel manifold
+        q, rr = np.linalg.qr(rng.standard_normal((runs, n, r)))
+        return q * np.sign(np.diagonal(rr, axis1=1, axis2=2))[:, None, :]
+
+    m_ref = haar(n_perp)[:, :r, :]
+    np.testing.assert_allclose(np.einsum("rij,rik->rjk", m_chain, m_chain)
+                               + np.einsum("rij,rik->rjk", b_chain, b_chain),
+                               np.broadcast_to(np.eye(r), (runs, r, r)), atol=1e-12)
+    sv_chain = np.linalg.svd(m_chain, compute_uv=False)
+    sv_ref = np.linalg.svd(m_ref, compute_uv=False)
+    pvals = [stats.ks_2samp(sv_chain[:, i], sv_ref[:, i]).pvalue for i in range(r)]
+    pvals.append(stats.ks_2samp(m_chain[:, 0, 0], m_ref[:, 0, 0]).pvalue)
+    assert min(pvals) > 0.01 / len(pvals), pvals
+    # power: a wrong dimension (n_perp + 6) is detected
+    m_wrong = haar(n_perp + 6)[:, :r, :]
+    sv_wrong = np.linalg.svd(m_wrong, compute_uv=False)
+    assert stats.ks_2samp(sv_chain[:, 0], sv_wrong[:, 0]).pvalue < 1e-6
