@@ -151,6 +151,9 @@ class RunConfig:
         except ImportError as exc:
             raise ConfigError("learner", f"learner {self.learner!r} is not available: {exc}")
         learner.check(self, base)
+        if not base.unit_rows and self.learner != "finetune":
+            raise ConfigError("learner", f"the App. B convention {base.convention!r} is "
+                                         f"supported by 'finetune' only, not {self.learner!r}")
         if self.refit and self.learner not in ("finetune",):
             raise ConfigError("refit", f"needs a learner that learns û (finetune), "
                                        f"not {self.learner!r}")

@@ -10,7 +10,16 @@ frame W = [L, 0] with L the k×k factor (L Lᵀ = G = W Wᵀ), and
 u = (u_w, √(1 − u_alpha²), 0, …) with ‖u_w‖ = u_alpha = ‖Π_W u‖. Only G, u_w and the
 vectors λ, c, ĉ enter the law of every trajectory.
 
-Spec keys (JSON or TOML): ``activation, k, d, xi, W | gram, lam, c, c_hat, u_alpha, seed``.
+Spec keys (JSON or TOML): ``activation, k, d, xi, W | gram, lam, c, c_hat, u_alpha, seed,
+convention``.
+
+``convention`` (default ``unit``, the model above) may name the paper's App. B simulation
+convention instead: f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩) with the fixed row scale
+vᵢ = s (wᵢ + ξcᵢu), s = k/(k + ξ²) (``appB``, as printed) or s = √(k/(k + ξ²)) (``appB-sqrt``,
+the factor that keeps ‖vᵢ‖ ≈ 1 for c uniform on S^{k−1}); the student has the same form with
+(ĉ, û). Rows are then not unit vectors, so the Hermite theory (h, Φ, the ODE) does not apply:
+the loss is estimated by Monte Carlo and only the ``finetune`` learner on the full engine runs
+it.
 """
 
 from __future__ import annotations
@@ -37,9 +46,12 @@ __all__ = [
     "W_GENERATORS",
     "LAM_GENERATORS",
     "C_GENERATORS",
+    "CONVENTIONS",
 ]
 
-SPEC_KEYS = ("activation", "k", "d", "xi", "W", "gram", "lam", "c", "c_hat", "u_alpha", "seed")
+SPEC_KEYS = ("activation", "k", "d", "xi", "W", "gram", "lam", "c", "c_hat", "u_alpha", "seed",
+             "convention")
+CONVENTIONS = ("unit", "appB", "appB-sqrt")
 W_GENERATORS = ("orthonormal", "separated", "claim2")
 LAM_GENERATORS = ("ones", "uniform", "random_sign")
 C_GENERATORS = ("quantized", "gaussian")
@@ -84,6 +96,32 @@ class Instance:
     seed: int
     spec: dict = field(default_factory=dict, compare=False)
     diagnostics: dict = field(default_factory=dict, compare=False)
+    convention: str = "unit"
+
+    # ---- convention (module docstring)
+    @property
+    def unit_rows(self) -> bool:
+        """Whether rows are renormalised to unit length (the theory's model)."""
+        return self.convention == "unit"
+
+    @property
+    def row_scale(self) -> float:
+        """The fixed row factor s of the App. B conventions (1 for ``unit``: unused there)."""
+        if self.convention == "appB":
+            return self.k / (self.k + self.xi**2)
+        if self.convention == "appB-sqrt":
+            return math.sqrt(self.k / (self.k + self.xi**2))
+        return 1.0
+
+    @property
+    def output_scale(self) -> float:
+        """Factor of the network output: 1/ξ in the App. B conventions, else 1."""
+        return 1.0 if self.unit_rows else 1.0 / self.xi
+
+    def _require_unit_rows(self, what: str) -> None:
+        if not self.unit_rows:
+            raise ValueError(f"{what} assumes unit rows; convention {self.convention!r} has "
+                             "none (Monte Carlo only)")
 
     # ---- geometry of teacher and student neurons ---------------------------------
     @property
@@ -101,7 +139,9 @@ class Instance:
         return self.w_factor @ self.u_w
 
     def teacher_norms(self) -> np.ndarray:
-        """Nᵢ = ‖wᵢ + ξ cᵢ u‖."""
+        """Nᵢ = ‖wᵢ + ξ cᵢ u‖: the divisor of row i (1/s in the App. B conventions)."""
+        if not self.unit_rows:
+            return np.full(self.k, 1.0 / self.row_scale)
         xi, c = self.xi, self.c
         return np.sqrt(1.0 + 2.0 * xi * c * self.w_dot_u + xi**2 * c**2)
 
@@ -115,6 +155,7 @@ class Instance:
 
         Pᵢⱼ = (Gᵢⱼ + ξ cᵢ⟨wⱼ,u⟩)/(Nᵢ N̂ⱼ), Qᵢⱼ = ξ² cᵢ ĉⱼ/(Nᵢ N̂ⱼ).
         """
+        self._require_unit_rows("the Hermite theory")
         ch = self.c_hat if c_hat is None else np.asarray(c_hat, dtype=float)
         n, nh = self.teacher_norms(), self.student_norms(ch)
         denom = np.outer(n, nh)
@@ -124,6 +165,7 @@ class Instance:
 
     def teacher_gram(self) -> np.ndarray:
         """⟨vᵢ, vⱼ⟩ of the unit teacher rows."""
+        self._require_unit_rows("the teacher Gram matrix")
         xi, c, wu = self.xi, self.c, self.w_dot_u
         raw = self.gram + xi * (np.outer(wu, c) + np.outer(c, wu)) + xi**2 * np.outer(c, c)
         n = self.teacher_norms()
@@ -131,6 +173,7 @@ class Instance:
 
     def student_gram(self, c_hat: np.ndarray | None = None) -> np.ndarray:
         """⟨v̂ᵢ, v̂ⱼ⟩ for û ⊥ span W (independent of û)."""
+        self._require_unit_rows("the student Gram matrix")
         ch = self.c_hat if c_hat is None else c_hat
         nh = self.student_norms(ch)
         return (self.gram + self.xi**2 * np.outer(ch, ch)) / np.outer(nh, nh)
@@ -140,7 +183,8 @@ class Instance:
         ch = np.asarray(c_hat, dtype=float)
         spec = dict(self.spec, c_hat=ch.tolist())
         return Instance(self.activation, self.k, self.d, self.xi, self.gram, self.w_factor,
-                        self.u_w, self.lam, self.c, ch, self.seed, spec, self.diagnostics)
+                        self.u_w, self.lam, self.c, ch, self.seed, spec, self.diagnostics,
+                        self.convention)
 
 
 # ---------------------------------------------------------------- spec parsing
@@ -286,6 +330,12 @@ def build_instance(spec: dict) -> Instance:
     seed = _int_key(spec, "seed", 0, required=False) or 0
     if d is not None and d < k + 2:
         raise SpecError("d", f"must be ≥ k + 2 = {k + 2} (span W, u and one free direction)")
+    convention = str(spec.get("convention", "unit"))
+    if convention not in CONVENTIONS:
+        raise SpecError("convention", f"unknown convention {convention!r}; valid: "
+                                      f"{', '.join(CONVENTIONS)}")
+    if convention != "unit" and xi <= 0:
+        raise SpecError("convention", f"{convention!r} scales the output by 1/ξ: needs ξ > 0")
 
     c, c_name = _vector(spec, "c", k, "quantized", C_GENERATORS, seed)
     lam, lam_name = _vector(spec, "lam", k, "ones", LAM_GENERATORS, seed)
@@ -305,12 +355,12 @@ def build_instance(spec: dict) -> Instance:
 
     resolved = {
         "activation": act.name, "k": k, "d": d, "xi": xi, "u_alpha": u_alpha, "seed": seed,
-        "W": w_name, "lam": lam_name, "c": c_name, "c_hat": ch_name,
+        "W": w_name, "lam": lam_name, "c": c_name, "c_hat": ch_name, "convention": convention,
         "values": {"gram": gram.tolist(), "lam": lam.tolist(), "c": c.tolist(),
                    "c_hat": c_hat.tolist(), "u_w": u_w.tolist()},
     }
     return Instance(act, k, d, xi, gram, basis_factor, u_w, lam, c, c_hat, seed,
-                    resolved, diagnostics)
+                    resolved, diagnostics, convention)
 
 
 def _resolve_w(spec, k, d, xi, c, seed, diagnostics):

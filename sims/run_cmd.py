@@ -72,9 +72,10 @@ def _summary_line(traj, notes) -> str:
 
 @click.command("run")
 @click.argument("spec")
-@click.option("--learner", type=click.Choice(LEARNERS), default="finetune",
+@click.option("--learner", default="finetune",
               help="Learner: finetune (rank-1 LoRA, eq. 4), lora (rank r), linearized "
-                   "(NTK), scratch, scratch-csq, sparse (S²FT), glm, moment.")
+                   "(NTK), scratch, scratch-csq, sparse (S²FT), glm, moment.",
+              metavar="|".join(LEARNERS))
 @click.option("--rank", type=int, default=1, help="Rank r of the lora learner.")
 @click.option("--prox", type=float, default=0.0,
               help="Proximal regularisation prox·‖Δ‖² toward the base (finetune, linearized).")

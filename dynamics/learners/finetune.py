@@ -10,7 +10,9 @@ L = (f*(x) − f̂(x))² (no 1/2). With s = ⟨û, x⟩, aⱼ = (zⱼ + ξĉⱼ 
 Projected (eq. 4, û ⊥ span W): (I − ûûᵀ)Π∇L = g (Πx − s û), so one step is
 û' = ((1 + ηgs) û − ηg Πx)/n with n² = 1 + η²g²(‖Πx‖² − s²) (DESIGN.md, exact
 reductions). Unprojected: the same with G = g x − Wᵀγ in place of gΠx. Mini-batches average
-the b sample gradients. ĉ follows plain SGD with its own step size η_c.
+the b sample gradients. ĉ follows plain SGD with its own step size η_c. In the App. B
+conventions (``Instance.convention``) 1/N̂ⱼ is the fixed row factor s and λ carries 1/ξ, so
+the normalisation terms (γ, and the second part of ∂L/∂ĉⱼ) vanish.
 
 Hot loop: everything that does not depend on the state (z = Wx, the labels y, ‖Πx‖²) is
 computed once per chunk of steps by :meth:`Finetune.prepare`; a step then costs one dot
@@ -156,12 +158,14 @@ class Finetune(Learner):
             return self._coeffs
         p, ch = self.problem, state.c_hat
         xc = p.xi[:, None] * ch
-        if self.project:
-            omega, n2 = None, 1.0 + xc * xc
+        if p.row_scale is not None:  # App. B: fixed row factor s, no normalisation terms
+            omega = None if self.project else torch.zeros_like(xc)
+            scale = p.row_scale[:, None].expand_as(xc)
+        elif self.project:
+            omega, scale = None, torch.rsqrt(1.0 + xc * xc)
         else:
             omega = rowmat(state.u_hat[:, : self.k], p.lt)
-            n2 = 1.0 + xc * (2.0 * omega + xc)
-        scale = torch.rsqrt(n2)
+            scale = torch.rsqrt(1.0 + xc * (2.0 * omega + xc))
         shift = xc * scale
         out = (scale, shift, omega, -2.0 * p.lam * shift)
         if self._frozen:
@@ -204,7 +208,10 @@ class Finetune(Learner):
         return torch.mul(x, u[:, None], out=self._tmp).sum(-1)
 
     def _gamma(self, t: ExampleTerms) -> torch.Tensor:
-        """γⱼ = δⱼ aⱼ ξĉⱼ/N̂ⱼ²: ∇_û L ∋ −Σⱼ γⱼ wⱼ (unprojected only)."""
+        """γⱼ = δⱼ aⱼ ξĉⱼ/N̂ⱼ²: ∇_û L ∋ −Σⱼ γⱼ wⱼ (unprojected only; 0 with a fixed row
+        scale, App. B, where nothing is renormalised)."""
+        if self.problem.row_scale is not None:
+            return torch.zeros_like(t.a)
         return t.delta * t.a * (t.shift * t.scale)[:, None]
 
     def _grad_c(self, state: FinetuneState, t: ExampleTerms) -> torch.Tensor:
@@ -212,7 +219,9 @@ class Finetune(Learner):
         xi = self.problem.xi[:, None]
         xc = xi * state.c_hat
         inner = xi * (xc if t.omega is None else t.omega + xc)  # ξ⟨wⱼ,û⟩ + ξ²ĉⱼ
-        dn = xi[:, None] * t.s[..., None] - t.a * (t.scale * inner)[:, None]
+        dn = xi[:, None] * t.s[..., None]
+        if self.problem.row_scale is None:  # derivative of 1/N̂ⱼ
+            dn = dn - t.a * (t.scale * inner)[:, None]
         grad = t.delta * t.scale[:, None] * dn
         if self.prox:
             grad = grad + (2.0 * self.prox * xi * xc)[:, None]

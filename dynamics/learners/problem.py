@@ -44,6 +44,8 @@ class Problem:
         (zᵢ + ξcᵢ⟨u,x⟩)/Nᵢ = zᵢ t_scaleᵢ + ⟨u,x⟩ t_shiftᵢ (eq. 3, unit rows).
     c_hat0 : (R, k) the instances' ĉ (initial / frozen value).
     any_u_w : whether some run has u_alpha > 0 (else ⟨u, x⟩ = u_perp x[k]).
+    row_scale : None (unit rows) or (R,) the fixed row factor s of the App. B conventions
+        (``Instance.row_scale``); ``lam`` then already carries the output factor 1/ξ.
     """
 
     activation: Activation
@@ -60,6 +62,7 @@ class Problem:
     t_shift: torch.Tensor
     c_hat0: torch.Tensor
     any_u_w: bool
+    row_scale: torch.Tensor | None = None
 
     @property
     def runs(self) -> int:
@@ -76,6 +79,8 @@ class Problem:
                 if (inst.activation.name, inst.k, inst.d) != (first.activation.name, first.k,
                                                               first.d):
                     raise ValueError("all runs of a batch must share activation, k and d")
+                if inst.convention != first.convention:
+                    raise ValueError("all runs of a batch must share the instance convention")
                 distinct[id(inst)] = len(uniq)
                 uniq.append(inst)
         index = np.array([distinct[id(inst)] for inst in instances])
@@ -96,9 +101,11 @@ class Problem:
         return cls(
             activation=first.activation, k=first.k, d=first.d,
             lt=t(np.swapaxes(l, -1, -2)), l=t(l), u_w=t(u_w),
-            u_perp=t(stack(i.u_perp for i in uniq)), lam=t(stack(i.lam for i in uniq)),
+            u_perp=t(stack(i.u_perp for i in uniq)),
+            lam=t(stack(i.lam * i.output_scale for i in uniq)),
             c=t(c), xi=t(xi), t_scale=t(1.0 / norms), t_shift=t(xi[:, None] * c / norms),
             c_hat0=t(stack(i.c_hat for i in uniq)), any_u_w=bool(np.any(u_w != 0)),
+            row_scale=None if first.unit_rows else t(stack(i.row_scale for i in uniq)),
         )
 
     def u_dot(self, x: torch.Tensor) -> torch.Tensor:
