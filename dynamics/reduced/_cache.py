@@ -13,13 +13,13 @@ from pathlib import Path
 
 __all__ = ["drop_stale_cache"]
 
-SOURCES = ("_rng.py", "_act.py", "_chain.py", "_kernel.py")
 
 
 def drop_stale_cache() -> None:
     """Delete ``__pycache__/*.nbi|*.nbc`` of this package if the sources changed."""
     here = Path(__file__).parent
-    digest = hashlib.sha256(b"".join((here / f).read_bytes() for f in SOURCES)).hexdigest()
+    sources = sorted(here.glob("*.py"))  # every module of the package, compiled or not
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sources)).hexdigest()
     cache = here / "__pycache__"
     stamp = cache / "numba_sources.sha256"
     try:

@@ -21,7 +21,7 @@ from numba import njit
 from . import _rng
 from ._act import sigma, sigma_and_deriv
 
-__all__ = ["run_one", "M_TOL"]
+__all__ = ["run_one", "scratch", "M_TOL", "N_WORK_K", "N_WORK_B"]
 
 M_TOL = 1e-12  # |m| > 1 + M_TOL counts as divergence (|m| ≤ 1 holds up to rounding)
 
@@ -90,44 +90,47 @@ def _record(c, r, prm, pw, mu, nu, chat, project, cp_m, cp_mu, cp_nu, cp_pw, cp_
         cp_chat[r, c, :] = chat
 
 
+N_WORK_K = 11  # rows of the per-run scratch ``wk`` (length k each), see :func:`run_one`
+N_WORK_B = 4  # rows of the per-run scratch ``wb`` (length b each)
+
+
+@njit(cache=True)
+def scratch(k, batch):
+    """Per-run scratch arrays (wk, wb, Z) of :func:`run_one`."""
+    return np.empty((N_WORK_K, k)), np.empty((N_WORK_B, batch)), np.empty((batch, k))
+
+
 @njit(cache=True)
 def run_one(r, project, joint, L, ident, prm, code, hp, dof, eta, eta_c, batch, noise_sd,
             st, mu, nu, pw, chat, n_steps, cp_steps, cp_m, cp_mu, cp_nu, cp_pw, cp_chat,
-            stop_level, stop_abs, Zg, Ag, Bg, Eg, Gg):
+            stop_level, stop_abs, Zg, Ag, Bg, Eg, Gg, wk, wb, Z):
     """Advance run ``r`` from (μ, ν, p, ĉ, stream ``st``) by ``n_steps`` steps.
 
     ``pw`` and ``chat`` are updated in place; checkpoints go to row ``r`` of the cp arrays.
     Returns (st, μ, ν, div_step, hit_step): div_step is the first step with a non-finite
     state or |m| > 1 (the run is frozen there), hit_step the first step with m ≥ stop_level
-    (|m| if ``stop_abs``; the run stops there); −1 when it did not happen.
+    (|m| if ``stop_abs``; the run stops there); −1 when it did not happen. ``wk``, ``wb``
+    and ``Z`` are scratch (:func:`scratch`): the function allocates nothing, so the same
+    code runs as a CUDA device function (:mod:`.cuda_kernel`).
     """
     k = chat.shape[0]
     u_perp, xi = prm[4 * k], prm[4 * k + 1]
     given = Zg.shape[0] > 0
     use_stop = math.isfinite(stop_level)
-    lam = prm[:k].copy()
-    uw = prm[3 * k:4 * k].copy()
+    lam = prm[:k]
+    uw = prm[3 * k:4 * k]
+    tc1, tc2, wz, ahat, sdv = wk[0], wk[1], wk[2], wk[3], wk[4]
+    gw, gc, wu, sc1, sc2, vu = wk[5], wk[6], wk[7], wk[8], wk[9], wk[10]
+    A, Bv, eps, gvec = wb[0], wb[1], wb[2], wb[3]
     has_uw = False
-    tc1 = np.empty(k)
-    tc2 = np.empty(k)
     for i in range(k):
         tc1[i] = 1.0 / prm[2 * k + i]
         tc2[i] = xi * prm[k + i] / prm[2 * k + i]
         has_uw = has_uw or uw[i] != 0.0
-    Z = np.empty((batch, k))
-    A = np.empty(batch)
-    Bv = np.empty(batch)
-    eps = np.zeros(batch)
-    gvec = np.empty(batch)
-    wz = np.empty(k)
-    ahat = np.empty(k)
-    sdv = np.empty(k)
-    gw = np.zeros(k)
-    gc = np.zeros(k)
-    wu = np.empty(k)
-    sc1 = np.empty(k)
-    sc2 = np.empty(k)
-    vu = np.empty(k)
+        gw[i] = 0.0
+        gc[i] = 0.0
+    for n in range(batch):
+        eps[n] = 0.0
     refresh = joint or not project
     chi2_prep = _rng.chi2_prepare(dof)
     res_scale = -2.0 / batch

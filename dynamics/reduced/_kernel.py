@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from . import _rng
 from ._act import act_code
-from ._chain import run_one
+from ._chain import run_one, scratch
 
 __all__ = ["init_runs", "advance", "replay"]
 
@@ -44,13 +44,15 @@ def advance(project, joint, L_all, ident_all, prm_all, inst_idx, code, hp, dof, 
     See :func:`._chain.run_one` for the checkpoint, divergence and stop conventions. Call
     it under ``numba.parallel_chunksize(1)``: with early stops the runs' costs differ.
     """
+    k = chat.shape[1]
     for r in prange(mu.shape[0]):
         i = inst_idx[r]
+        wk, wb, zs = scratch(k, batch)
         st, m_r, n_r, dv, ht = run_one(
             r, project, joint, L_all[i], ident_all[i], prm_all[i], code, hp, dof, eta, eta_c,
             batch, noise_sd, states[r], mu[r], nu[r], pw[r], chat[r], n_steps, cp_steps,
             cp_m, cp_mu, cp_nu, cp_pw, cp_chat, stop_level, stop_abs,
-            _NO_GIVEN3, _NO_GIVEN2, _NO_GIVEN2, _NO_GIVEN2, _NO_GIVEN3)
+            _NO_GIVEN3, _NO_GIVEN2, _NO_GIVEN2, _NO_GIVEN2, _NO_GIVEN3, wk, wb, zs)
         states[r] = st
         mu[r] = m_r
         nu[r] = n_r
@@ -73,5 +75,5 @@ def replay(params, run, act_name, *, project, joint, eta, eta_c, mu, nu, pw, cha
         0, project, joint, params.L[i], params.ident[i], params.prm[i], code, hp, 0,
         float(eta), float(eta_c), Zg.shape[1], 0.0, np.uint64(0), float(mu), float(nu), pw,
         chat, Zg.shape[0], np.zeros(0, np.int64), none2, none2, none2, none3, none3,
-        math.inf, True, *given)
+        math.inf, True, *given, *scratch(chat.shape[0], Zg.shape[1]))
     return mu, nu, pw, chat
