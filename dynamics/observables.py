@@ -21,6 +21,7 @@ __all__ = [
     "LOSS_MONTE_CARLO",
     "EVAL_SIZE",
     "loss_kind",
+    "unit_rows",
     "theory_applies",
     "group_runs",
     "record_theory",
@@ -41,14 +42,20 @@ EVAL_SIZE = 20_000
 _EVAL_BLOCK = 2**22  # elements per Monte Carlo block (memory bound)
 
 
+def unit_rows(config) -> bool:
+    """Whether the config's instance uses the theory's unit rows (not an App. B convention)."""
+    return config.instance.get("convention", "unit") == "unit"
+
+
 def loss_kind(config) -> str:
-    """``exact`` when û stays ⊥ span W (projected), else ``monte_carlo``."""
-    return LOSS_EXACT if config.project else LOSS_MONTE_CARLO
+    """``exact`` when û stays ⊥ span W (projected) with unit rows, else ``monte_carlo``."""
+    return LOSS_EXACT if config.project and unit_rows(config) else LOSS_MONTE_CARLO
 
 
 def theory_applies(config) -> bool:
-    """Whether the population ODE of m is exact for this learner (projected, ĉ frozen)."""
-    return config.project and not config.joint_c
+    """Whether the population ODE of m is exact for this learner (projected, ĉ frozen, unit
+    rows)."""
+    return config.project and not config.joint_c and unit_rows(config)
 
 
 def group_runs(instances: list[Instance]) -> list[tuple[Instance, np.ndarray]]:
@@ -205,7 +212,7 @@ def monte_carlo_loss(instances: list[Instance], coords: np.ndarray, c_hat: np.nd
         u_dot = xw @ torch.as_tensor(inst.u_w) + inst.u_perp * xe
         t_pre = (z + inst.xi * torch.as_tensor(inst.c) * u_dot[:, None]) / torch.as_tensor(
             inst.teacher_norms())
-        lam = torch.as_tensor(inst.lam)
+        lam = torch.as_tensor(inst.lam * inst.output_scale)
         y = act.fn(t_pre) @ lam
         block = max(1, _EVAL_BLOCK // (size * k))
         for r in idx:
@@ -224,7 +231,10 @@ def _student_loss(inst, xs, z, y, lam, coords, c_hat) -> np.ndarray:
     s = xs @ coords.T  # (n, B): ⟨û, x⟩ = û_w·x_w + û_k x_k + ‖rest‖ x_rest
     omega = coords[:, :k] @ torch.as_tensor(inst.w_factor).T  # (B, k) ⟨wⱼ, û⟩
     xc = inst.xi * c_hat
-    scale = torch.rsqrt(1.0 + xc * (2.0 * omega + xc))
+    if inst.unit_rows:
+        scale = torch.rsqrt(1.0 + xc * (2.0 * omega + xc))
+    else:  # App. B: fixed row factor (lam already carries 1/ξ)
+        scale = torch.full_like(xc, inst.row_scale)
     a = (z[:, None, :] + xc[None] * s[..., None]) * scale[None]
     f_hat = inst.activation.fn(a) @ lam
     return ((y[:, None] - f_hat) ** 2).mean(0).numpy()
@@ -237,9 +247,10 @@ def assemble_trajectory(config, instances: list[Instance], steps: np.ndarray,
     """The Trajectory both engines return, from their raw checkpoint records.
 
     overlap (R, C); c_hats (R, C, k) when ĉ is trained; coords (R, C, k+2) of û in
-    span(W) ⊕ e ⊕ rest (needed only for the Monte Carlo loss). Records from the step a run
-    diverged on are set to NaN; loss and theory curves follow :func:`exact_loss` /
-    :func:`monte_carlo_loss` and :func:`theory_records`.
+    span(W) ⊕ e ⊕ rest (needed for the Monte Carlo loss and for ``config.refit``). Records
+    from the step a run diverged on are set to NaN; loss and theory curves follow
+    :func:`exact_loss` / :func:`monte_carlo_loss` and :func:`theory_records`; with
+    ``config.refit``, ``extra`` holds ``dynamics.refit.refit_records`` (App. F.2).
     """
     from .trajectory import Trajectory
 
@@ -256,10 +267,16 @@ def assemble_trajectory(config, instances: list[Instance], steps: np.ndarray,
         coords = np.where(dead[..., None], np.nan, coords)
         ch = c_hats if c_hats is not None else np.stack([i.c_hat for i in instances])
         loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
+    extra = {}
+    if config.refit:
+        from .refit import refit_records
+
+        extra.update(refit_records(config, instances, coords, dead))
     return Trajectory(
         steps=steps, overlap=overlap, loss=loss,
         **theory_records(config, instances, m0, steps), diverged_step=diverged_step,
         xi=np.array([i.xi for i in instances]),
         instance_seed=np.array([i.seed for i in instances], dtype=np.int64),
         c_overlap=c_ov, loss_kind=kind, dtype=dtype, device=str(device), engine=engine, m0=m0,
+        extra=extra,
     )

@@ -29,7 +29,7 @@ __all__ = [
     "NoiseSource",
 ]
 
-STREAMS = {"init": 0, "data": 1, "eval": 2}
+STREAMS = {"init": 0, "data": 1, "eval": 2, "refit": 3}
 ALIGN = 16  # torch's CPU normal_ works in blocks of 16 numbers
 CHUNK_BYTES = 32 * 2**20  # target size of the example buffer
 MAX_CHUNK_STEPS = 256
