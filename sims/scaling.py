@@ -2,7 +2,10 @@
 
 A scaling file (TOML) has a ``[scaling]`` table — the grid ``d``, the step-size constant ``c``
 (η = c/d, DESIGN.md "Choosing η"), the horizon ``H`` (steps = H·d), the weak-recovery
-``level`` and the strong-recovery ``epsilon`` — and the ``[base]``/``[base.instance]`` tables
+``level`` and the strong-recovery ``epsilon``; optionally ``eta_exponent`` a and
+``horizon_exponent`` e (η = c/d^a, steps = H·d^e, both 1 by default: e.g. a = 3/2, e = 2 for
+the glm learner with information exponent 3, whose online SGD needs T ∝ d² with η ∝ d^{−3/2},
+Ben Arous et al. 2021) — and the ``[base]``/``[base.instance]`` tables
 of a sweep file (everything but d, η and the steps). It runs as a sweep over d (resumable,
 :mod:`sims.sweep`), with linear checkpoints and, where the reduced engine applies, exact
 first-passage times. Per run:
@@ -37,8 +40,9 @@ __all__ = ["ScalingSpec", "ScalingResult", "load_scaling", "hitting_times", "ana
            "format_table", "plot_scaling", "write_scaling", "check_slope", "SCALING_KEYS"]
 
 SCALING_KEYS = ("d", "c", "horizon", "level", "epsilon", "checkpoints", "n_boot",
-                "boot_seed", "absolute")
-RESERVED = ("eta", "eta_times_d", "steps", "steps_per_d", "spacing", "checkpoints")
+                "boot_seed", "absolute", "eta_exponent", "horizon_exponent")
+RESERVED = ("eta", "eta_times_d", "steps", "steps_per_d", "eta_d_exponent", "steps_d_exponent",
+            "spacing", "checkpoints")
 
 
 @dataclass
@@ -55,6 +59,8 @@ class ScalingSpec:
     n_boot: int = 2000
     boot_seed: int = 0
     absolute: bool = True
+    eta_exponent: float = 1.0
+    horizon_exponent: float = 1.0
 
     @property
     def strong_level(self) -> float:
@@ -115,7 +121,8 @@ def parse_scaling(data: dict, source=None) -> ScalingSpec:
     base = dict(data.get("base", {}))
     clash = [k for k in RESERVED if k in base]
     if clash:
-        raise SweepSpecError(f"[base] {clash[0]} is set by [scaling] (c, horizon, checkpoints)")
+        raise SweepSpecError(f"[base] {clash[0]} is set by [scaling] (c, horizon, their "
+                             "exponents, checkpoints)")
     inst = base.get("instance")
     if isinstance(inst, dict) and "d" in inst:
         raise SweepSpecError("[base.instance] d is set by [scaling] d")
@@ -127,11 +134,17 @@ def parse_scaling(data: dict, source=None) -> ScalingSpec:
         checkpoints=_number(table, "checkpoints", 400, lo=1, integer=True),
         n_boot=_number(table, "n_boot", 2000, lo=0, integer=True),
         boot_seed=_number(table, "boot_seed", 0, lo=-1, integer=True),
-        absolute=table.get("absolute", True))
+        absolute=table.get("absolute", True),
+        eta_exponent=_number(table, "eta_exponent", 1.0, lo=0),
+        horizon_exponent=_number(table, "horizon_exponent", 1.0, lo=0))
     if not isinstance(spec.absolute, bool):
         raise SweepSpecError("[scaling] absolute must be true or false")
     base.update(eta_times_d=spec.c, steps_per_d=spec.horizon, spacing="linear",
                 checkpoints=spec.checkpoints)
+    if spec.eta_exponent != 1:  # only when set: default files resolve exactly as before
+        base["eta_d_exponent"] = spec.eta_exponent
+    if spec.horizon_exponent != 1:
+        base["steps_d_exponent"] = spec.horizon_exponent
     base.setdefault("engine", "auto")
     meta = dict(data.get("sweep", {}))
     meta.setdefault("name", f"scaling {Path(source).stem}" if source else "scaling")
@@ -209,10 +222,19 @@ def _title(config: dict, spec: ScalingSpec) -> str:
     inst = config["instance"]
     variant = ("projected" if config.get("project", True) else "unprojected") + (
         ", joint ĉ" if config.get("joint_c") else ", frozen ĉ")
-    return (f"σ = {inst.get('activation')}, k = {inst.get('k')}, ξ = {inst.get('xi', 1.0):g}, "
-            f"W = {inst.get('W', 'orthonormal')}, learner = {config.get('learner')} "
-            f"({variant}); η = c/d, c = {spec.c:g}; steps = {spec.horizon:g}·d; "
+    setting = (f"σ = {inst.get('activation')}, k = {inst.get('k')}, "
+               f"ξ = {inst.get('xi', 1.0):g}, W = {inst.get('W', 'orthonormal')}, "
+               f"learner = {config.get('learner')} ({variant})")
+    if config.get("learner") == "glm":  # W, ξ, ĉ and projection do not enter
+        setting = f"σ = {inst.get('activation')}, learner = glm (single index, full sphere)"
+    return (f"{setting}; η = c/{_power(spec.eta_exponent)}, c = {spec.c:g}; "
+            f"steps = {spec.horizon:g}·{_power(spec.horizon_exponent)}; "
             f"{config.get('runs')} runs per d")
+
+
+def _power(exponent: float) -> str:
+    """"d" or "d^e"."""
+    return "d" if exponent == 1 else f"d^{exponent:g}"
 
 
 def _names(spec: ScalingSpec) -> dict:
@@ -227,14 +249,16 @@ def format_table(result: ScalingResult) -> str:
              "checkpoints" + ("; overlap taken as |⟨û, u⟩|" if spec.absolute else "")]
     head = f"{'d':>9} {'runs':>5}"
     for key in ("level", "strong"):
-        head += f" | {'reached':>7} {'median ' + names[key]:>22} {'/ d':>8}"
+        head += f" | {'reached':>7} {'median ' + names[key]:>22} " \
+                f"{'/ ' + _power(spec.horizon_exponent):>8}"
     lines.append(head)
     for i, d in enumerate(result.d):
         row = f"{d:>9d} {result.t_level[i].size:>5d}"
         for times in (result.t_level[i], result.t_strong[i]):
             reached = np.mean(np.isfinite(times))
             med = _censored_median(times)
-            row += f" | {100 * reached:>6.0f}% {_num(med):>22} {_num(med / d, '.3g'):>8}"
+            scaled = med / float(d) ** spec.horizon_exponent
+            row += f" | {100 * reached:>6.0f}% {_num(med):>22} {_num(scaled, '.3g'):>8}"
         lines.append(row)
     for key in ("level", "strong"):
         fit = result.fits.get(key)

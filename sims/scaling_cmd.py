@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from dynamics.config import ENGINES
+
 from .plot import save_figure
 from .scaling import (
     analyse,
@@ -53,11 +55,15 @@ def parse_range(value: str | None):
               help="dask scheduler for the cells (see loradyn sweep) [default: in-process].")
 @click.option("--update", is_flag=True,
               help="Resume even if finished cells no longer match the spec (see loradyn sweep).")
+@click.option("--engine", type=click.Choice(ENGINES), default=None,
+              help="Engine of every cell, overriding the spec's [base] engine.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the fits as JSON.")
-def scaling(spec, out, plot_path, expect_slope, target, scheduler, update, as_json):
+def scaling(spec, out, plot_path, expect_slope, target, scheduler, update, engine, as_json):
     """Measure hitting times over the d grid of SPEC and fit T ∝ d^b."""
     bounds = parse_range(expect_slope)
     parsed = load_scaling(spec)
+    if engine is not None:
+        parsed.sweep.base["engine"] = engine
     out = Path(out) if out else default_out(spec)
     plot_path = Path(plot_path) if plot_path else out.with_suffix(".png")
     if plot_path.suffix.lower() not in (".png", ".pdf", ".svg"):

@@ -38,14 +38,17 @@ SWEEP_FORMAT_VERSION = 1  # part of every cell hash: bump when a cell's meaning 
 INSTANCE_AXES = {k: k for k in SPEC_KEYS if k not in ("seed", "gram")} | {"instance_seed": "seed"}
 _CONFIG_FIELDS = tuple(f for f in RunConfig.__dataclass_fields__
                        if f not in ("instance", "xi_values", "extra"))
-DERIVED = ("eta_times_d", "steps_per_d")  # η = eta_times_d / d, steps = steps_per_d · d
+# η = eta_times_d / d^a, steps = steps_per_d · d^e, with a = eta_d_exponent and
+# e = steps_d_exponent (both 1 unless given; an exponent needs its base key)
+DERIVED = ("eta_times_d", "steps_per_d", "eta_d_exponent", "steps_d_exponent")
 CONFIG_AXES = _CONFIG_FIELDS + DERIVED
 AXES = tuple(INSTANCE_AXES) + CONFIG_AXES
 BOOL_FIELDS = ("joint_c", "project")
 SWEEP_KEYS = ("name", "first_passage", "absolute")
 TOP_KEYS = ("sweep", "base", "axes", "cases")
 # pairs that say the same thing two ways
-EXCLUSIVE = (("eta", "eta_times_d"), ("steps", "steps_per_d"))
+EXCLUSIVE = (("eta", "eta_times_d"), ("steps", "steps_per_d"), ("eta", "eta_d_exponent"),
+             ("steps", "steps_d_exponent"))
 
 
 class SweepSpecError(ValueError):
@@ -139,17 +142,25 @@ def _case_label(case: dict) -> str:
 
 
 def resolve_config(cfg: dict, inst: dict) -> RunConfig:
-    """RunConfig from run fields (with eta_times_d/steps_per_d) and an instance spec."""
+    """RunConfig from run fields (with eta_times_d/steps_per_d and their d-exponents, see
+    ``DERIVED``) and an instance spec."""
     cfg = dict(cfg)
     d = inst.get("d")
-    for derived, target in (("eta_times_d", "eta"), ("steps_per_d", "steps")):
+    for derived, expo_key, target in (("eta_times_d", "eta_d_exponent", "eta"),
+                                      ("steps_per_d", "steps_d_exponent", "steps")):
+        expo = cfg.pop(expo_key, 1)
+        if not _is_number(expo):
+            raise ValueError(f"'{expo_key}' must be a finite number, got {expo!r}")
+        if expo != 1 and derived not in cfg:
+            raise ValueError(f"'{expo_key}' needs '{derived}'")
         if derived in cfg:
             scale = cfg.pop(derived)
             if not _is_number(scale) or scale <= 0:
                 raise ValueError(f"'{derived}' must be a number > 0, got {scale!r}")
             if not isinstance(d, int) or isinstance(d, bool):
                 raise ValueError(f"'{derived}' needs the instance key 'd' (an integer)")
-            cfg[target] = scale / d if target == "eta" else max(1, round(scale * d))
+            power = d if expo == 1 else float(d) ** expo  # exponent 1: bit-identical to before
+            cfg[target] = scale / power if target == "eta" else max(1, round(scale * power))
     for name in ("eta", "steps"):
         if name not in cfg:
             raise ValueError(f"give '{name}' or '{name}_{'times' if name == 'eta' else 'per'}_d'"

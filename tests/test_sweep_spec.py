@@ -175,4 +175,5 @@ def test_example_files_parse():
         spec = load_scaling(path)
         cells = spec.sweep.cells()
         assert [c.config.instance["d"] for c in cells] == spec.d
-        assert all(c.config.eta * c.config.instance["d"] == pytest.approx(spec.c) for c in cells)
+        assert all(c.config.eta * c.config.instance["d"] ** spec.eta_exponent
+                   == pytest.approx(spec.c) for c in cells)

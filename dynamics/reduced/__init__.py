@@ -41,6 +41,10 @@ Cost per step: b(k + 2) normals (+ b for label noise) and one χ², O(bk) flops 
 W is not orthonormal), independent of d. Divergence (non-finite state or |m| > 1 + 1e-12)
 marks and freezes a run; its overlaps read NaN from then on, as in the full engine.
 
+The ``glm`` learner (single index on the full sphere) has its own exact scalar chain in m,
+derived in :mod:`.glm_chain` (numba only); ``simulate_reduced``/``first_passage_reduced``
+dispatch to it.
+
 Backends: ``numba`` (CPU; all runs in a ``prange``, per-run SplitMix64 streams seeded from
 (seed, r), so results do not depend on the thread count; float64 always) and ``torch``
 (vectorised over runs, CUDA or CPU; honours float32).

@@ -17,7 +17,7 @@ from ..observables import (
 )
 from ..sampling import resolve_device, resolve_dtype, run_seed
 from ..trajectory import Trajectory, checkpoint_steps
-from . import _kernel, torch_chain
+from . import _kernel, glm_chain, torch_chain
 from ._act import act_code
 from .params import ChainParams, pack_instances
 
@@ -32,11 +32,17 @@ def reduced_supported(config: RunConfig) -> tuple[bool, str]:
     """(True, "") when the reduced chain is exact for ``config``, else (False, one-line reason).
 
     Every ``finetune`` setting reduces exactly (projected or not, ĉ frozen or joint, any b,
-    label noise, any W, u); other learners have no finite-state reduction here.
+    label noise, any W, u); so does every ``glm`` setting whose σ has a compiled version
+    (:mod:`.glm_chain`); other learners have no finite-state reduction here.
     """
+    if config.instance.get("convention", "unit") != "unit":
+        return False, ("reduced engine: the App. B conventions (fixed row scale) are not "
+                       "reduced; use --engine full")
+    if config.learner == "glm":
+        return glm_chain.glm_supported(config)
     if config.learner != "finetune":
         return False, (f"reduced engine: learner {config.learner!r} has no exact finite-state "
-                       "reduction (only 'finetune')")
+                       "reduction (only 'finetune' and 'glm')")
     return True, ""
 
 
@@ -121,6 +127,8 @@ def simulate_reduced(config: RunConfig, *, backend: str | None = None,
     ok, why = reduced_supported(config)
     if not ok:
         raise ValueError(why)
+    if config.learner == "glm":
+        return glm_chain.simulate_glm(config, backend=backend, _chi2_dof=_chi2_dof)
     instances = config.run_instances()
     params = pack_instances(instances)
     backend, device = _choose_backend(config, backend, instances[0].activation.name)
@@ -155,6 +163,9 @@ def first_passage_reduced(config: RunConfig, level: float, max_steps: int | None
         raise ValueError(why)
     if not math.isfinite(level):
         raise ValueError(f"level must be finite, got {level}")
+    if config.learner == "glm":
+        return glm_chain.first_passage_glm(config, level, max_steps, absolute=absolute,
+                                           backend=backend)
     instances = config.run_instances()
     params = pack_instances(instances)
     backend, device = _choose_backend(config, backend, instances[0].activation.name)

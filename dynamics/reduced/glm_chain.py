@@ -1,0 +1,226 @@
+r"""The exact reduced chain of the ``glm`` learner: the overlap m = ⟨û, u⟩ at O(b) cost per step.
+
+Derivation (from the full step of ``dynamics.learners.glm``; no approximation)
+--------------------------------------------------------------------------------
+x ~ N(0, I_d); teacher y = σ(⟨u, x⟩) + √noise·ε, ‖u‖ = 1; student û ∈ S^{d−1}.
+Write û = m u + ν e with m = ⟨û, u⟩, ν = ‖û − m u‖ ≥ 0 and e the unit vector of û's part
+⊥ u (any unit e ⊥ u when ν = 0).
+
+(G0) *Markov property.* The law of x is invariant under every rotation Q fixing u; y depends
+     on x through ⟨u, x⟩ only, so the step map F satisfies F(Qû, Qx) = Q F(û, x) and the law
+     of the next state given û depends only on û's orbit under those rotations, i.e. on
+     (m, ν) — and ν = √(1 − m²). So (m_t) is exactly a scalar Markov chain. In an orthonormal
+     basis (u, e, rest) one example is x = (a, b, r): a, b ~ N(0, 1), r ~ N(0, I_{d−2}),
+     independent, and s = ⟨û, x⟩ = m a + ν b.
+(G1) *Initial law.* û₀ uniform on S^{d−1}: m₀ = g/√(g² + Q), ν₀ = √Q/√(g² + Q), g ~ N(0, 1),
+     Q ~ χ²_{d−1} (the first coordinate of a normalised Gaussian vector). ``aligned``: m₀ ← |m₀|.
+(G2) *Gradient.* L = (y − σ(s))², ∇_û L = g x, g = −2(y − σ(s))σ′(s); a mini-batch of b examples
+     averages: Ḡ = Σₙ ḡₙ xₙ, ḡₙ = gₙ/b. Its components are G_u = Σḡₙaₙ, G_e = Σḡₙbₙ and
+     G_r = Σḡₙrₙ ⊥ (u, e).
+(G3) *Step.* û − η(I − ûûᵀ)Ḡ with S = ⟨û, Ḡ⟩ = m G_u + ν G_e has components
+     m − η(G_u − S m) along u, ν − η(G_e − S ν) along e and −η G_r in the rest, so
+       m' = (m − η(G_u − S m))/n,   ν' = √((ν − η(G_e − S ν))² + η²ρ²)/n,
+       n² = (m − η(G_u − S m))² + (ν − η(G_e − S ν))² + η²ρ²,   ρ² = ‖G_r‖²,
+     and the new e is the unit vector along the last two parts (again ⊥ u). ν is carried
+     along (rather than √(1 − m²)) so that 1 − m² keeps full precision as m → ±1.
+(G4) *The rest.* ḡ depends on (a, b, ε) only, and the rₙ are independent of them, so given ḡ,
+     G_r ~ N(0, ‖ḡ‖² I_{d−2}): ρ² = ‖ḡ‖² χ²_{d−2}, one χ² per step whatever b. For b = 1:
+     S = g s, and with ‖r‖² ~ χ²_{d−2} the step reads
+       m' = ((1 + ηgs) m − ηga)/√(1 + η²g²(a² + b² + ‖r‖² − s²)),
+     since n² = (1 + ηgs)² − 2ηgs(1 + ηgs) + η²g²‖x‖² = 1 + η²g²(‖x‖² − s²).
+
+Cost per step: 2b normals (+ b for label noise) and one χ² (Marsaglia–Tsang Gamma), O(b)
+flops, independent of d. Divergence (non-finite state or |m| > 1 + 1e-12) marks and freezes a
+run, as in the full engine. All runs advance in a numba ``prange``, each on its own SplitMix64
+stream seeded from (seed, r) (:mod:`._rng`), so a run's numbers do not depend on R or on the
+thread count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ..config import RunConfig
+from ..learners.base import RunResult
+from ..sampling import run_seed
+from ..trajectory import Trajectory, checkpoint_steps
+from . import _rng
+from ._act import act_code, sigma, sigma_and_deriv
+from ._chain import M_TOL
+
+__all__ = ["glm_supported", "simulate_glm", "first_passage_glm", "init_glm", "advance_glm"]
+
+ENGINE = "reduced"
+
+
+def glm_supported(config: RunConfig) -> tuple[bool, str]:
+    """(True, "") when the chain applies to this glm config, else (False, one-line reason)."""
+    from ..instance import build_instance
+
+    act = build_instance(config.instance).activation.name
+    if act_code(act) is None:
+        return False, (f"reduced engine: activation {act!r} has no compiled version for the "
+                       "glm chain (numba only)")
+    return True, ""
+
+
+@njit(parallel=True, cache=True)
+def init_glm(seed, d, states, m, nu):
+    """(G1): m₀ = g/√(g² + χ²_{d−1}), ν₀ = √(1 − m₀²) for û₀ uniform on S^{d−1}; seeds the
+    per-run streams."""
+    for r in prange(m.shape[0]):
+        st = _rng.seed_stream(seed, r)
+        g, st = _rng.normal(st)
+        q, st = _rng.chi2(d - 1, st)
+        nrm = math.sqrt(g * g + q)
+        m[r] = g / nrm
+        nu[r] = math.sqrt(q) / nrm
+        states[r] = st
+
+
+@njit(cache=True)
+def _run_glm(r, code, hp, dof, eta, batch, noise_sd, st, m, nu, n_steps, cp_steps, cp_m,
+             stop_level, stop_abs):
+    """Advance run r from (m, ν, stream ``st``) by up to ``n_steps`` steps (G2)–(G4).
+
+    Returns (st, m, ν, div_step, hit_step): div_step the first step with a non-finite state
+    or |m| > 1 + M_TOL (the run freezes), hit_step the first step with m ≥ stop_level
+    (|m| if ``stop_abs``; the run stops); −1 when it did not happen.
+    """
+    use_stop = math.isfinite(stop_level)
+    chi2_prep = _rng.chi2_prepare(dof)
+    inv_b = 1.0 / batch
+    n_cp = cp_steps.shape[0]
+    c = 0
+    t = 0
+    div_step = -1
+    hit_step = -1
+    while True:
+        while c < n_cp and cp_steps[c] == t:
+            cp_m[r, c] = m
+            c += 1
+        if t == n_steps or div_step >= 0 or hit_step >= 0:
+            break
+        gu = 0.0
+        ge = 0.0
+        g2 = 0.0
+        for _n in range(batch):
+            a, st = _rng.normal(st)
+            b, st = _rng.normal(st)
+            y = sigma(a, code, hp)
+            if noise_sd > 0.0:
+                e, st = _rng.normal(st)
+                y += noise_sd * e
+            s = m * a + nu * b
+            sv, sd = sigma_and_deriv(s, code, hp)
+            g = -2.0 * (y - sv) * sd * inv_b
+            gu += g * a
+            ge += g * b
+            g2 += g * g
+        q, st = _rng.chi2_prepared(chi2_prep, st)
+        big_s = m * gu + nu * ge
+        pm = m - eta * (gu - big_s * m)
+        pe = nu - eta * (ge - big_s * nu)
+        rest = pe * pe + eta * eta * g2 * q
+        inv = 1.0 / math.sqrt(pm * pm + rest)
+        m = pm * inv
+        nu = math.sqrt(rest) * inv
+        t += 1
+        if not (math.isfinite(m) and math.isfinite(nu)) or abs(m) > 1.0 + M_TOL:
+            div_step = t
+        elif use_stop and (abs(m) if stop_abs else m) >= stop_level:
+            hit_step = t
+    while c < n_cp:  # frozen (diverged or stopped) runs keep their last state
+        cp_m[r, c] = m
+        c += 1
+    return st, m, nu, div_step, hit_step
+
+
+@njit(parallel=True, cache=True)
+def advance_glm(code, hp, dof, eta, batch, noise_sd, states, m, nu, n_steps, cp_steps, cp_m,
+                div_step, stop_level, stop_abs, hit_step):
+    """All runs by ``n_steps`` steps in parallel (in place); checkpoints into cp_m (R, C)."""
+    for r in prange(m.shape[0]):
+        st, m_r, n_r, dv, ht = _run_glm(r, code, hp, dof, eta, batch, noise_sd, states[r],
+                                        m[r], nu[r], n_steps, cp_steps, cp_m, stop_level,
+                                        stop_abs)
+        states[r] = st
+        m[r] = m_r
+        nu[r] = n_r
+        div_step[r] = dv
+        hit_step[r] = ht
+
+
+def _start(config: RunConfig):
+    """Instances, (code, p) of σ, streams and (m₀, ν₀) of every run (G1)."""
+    instances = config.run_instances()
+    d = instances[0].d
+    code, hp = act_code(instances[0].activation.name)
+    runs = config.runs
+    states = np.zeros(runs, dtype=np.uint64)
+    m, nu = np.empty(runs), np.empty(runs)
+    init_glm(run_seed(config.seed, 0, "data"), d, states, m, nu)
+    if config.init == "aligned":
+        m = np.abs(m)
+    return instances, (code, hp), states, m, nu
+
+
+def _advance(config, instances, act, states, m, nu, cp, n_steps, stop_level=math.inf,
+             stop_abs=True, dof=None):
+    runs = config.runs
+    dof = instances[0].d - 2 if dof is None else dof
+    cp_m = np.empty((runs, len(cp)))
+    div = np.full(runs, -1, dtype=np.int64)
+    hit = np.full(runs, -1, dtype=np.int64)
+    with numba.parallel_chunksize(1):  # runs to threads one at a time (unequal costs)
+        advance_glm(act[0], act[1], dof, float(config.eta), config.batch,
+                    math.sqrt(config.label_noise), states, m, nu, int(n_steps),
+                    np.asarray(cp, dtype=np.int64), cp_m, div, float(stop_level),
+                    bool(stop_abs), hit)
+    return cp_m, div, hit
+
+
+def _check(config: RunConfig, backend):
+    if backend not in (None, "numba"):
+        raise ValueError(f"the glm chain has only the numba backend, got {backend!r}")
+    ok, why = glm_supported(config)
+    if not ok:
+        raise ValueError(why)
+
+
+def simulate_glm(config: RunConfig, *, backend: str | None = None,
+                 _chi2_dof: int | None = None) -> Trajectory:
+    """The glm learner's Trajectory from the exact chain (same observables as the full
+    engine: ``GLM.trajectory``); float64 on CPU. ``_chi2_dof``: test hook (wrong law)."""
+    from ..learners.glm import GLM
+
+    _check(config, backend)
+    instances, act, states, m, nu = _start(config)
+    m0 = m.copy()
+    steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
+    cp_m, div, _ = _advance(config, instances, act, states, m, nu, steps, int(steps[-1]),
+                            dof=_chi2_dof)
+    result = RunResult(replace(config, dtype="float64"), instances, steps, {"overlap": cp_m},
+                       div, m0, "cpu", engine=ENGINE)
+    return GLM.trajectory(result)
+
+
+def first_passage_glm(config: RunConfig, level: float, max_steps: int | None = None, *,
+                      absolute: bool = True, backend: str | None = None) -> np.ndarray:
+    """(R,) first step with m ≥ ``level`` (|m| if ``absolute``), NaN if not by ``max_steps``
+    (default ``config.steps``); runs stop at their hit, diverged runs count as never."""
+    _check(config, backend)
+    instances, act, states, m, nu = _start(config)
+    m0 = m.copy()
+    n = int(config.steps if max_steps is None else max_steps)
+    _, _, hit = _advance(config, instances, act, states, m, nu, np.zeros(0, np.int64), n,
+                         float(level), absolute)
+    out = hit.astype(float)
+    out[hit < 0] = np.nan
+    out[(np.abs(m0) if absolute else m0) >= level] = 0.0
+    return out
