@@ -149,7 +149,8 @@ class RunConfig:
         try:
             learner = get_learner(self.learner)
         except ImportError as exc:
-            raise ConfigError("learner", f"learner {self.learner!r} is not available: {exc}")
+            raise ConfigError("learner", f"learner {self.learner!r} is not available: "
+                                         f"{exc}") from None
         learner.check(self, base)
         if not base.unit_rows and self.learner != "finetune":
             raise ConfigError("learner", f"the App. B convention {base.convention!r} is "

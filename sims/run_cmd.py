@@ -126,8 +126,8 @@ def _summary_line(traj, notes) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the mean curve as JSON.")
 def run(spec, learner, rank, prox, full_rank, width, train_second_layer, moment_order,
         sparse_rows, sparse_select, refit, refit_samples, joint_c, eta_c, no_project, eta,
-        steps, runs, seed, batch, label_noise, init, checkpoints, spacing, xi_values, instance_seeds, dtype, device, engine, out,
-        plot, finite_d_theory, as_json):
+        steps, runs, seed, batch, label_noise, init, checkpoints, spacing, xi_values,
+        instance_seeds, dtype, device, engine, out, plot, finite_d_theory, as_json):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
     config, notes = run_config(
         spec, eta=eta, steps=steps, learner=learner, joint_c=joint_c, eta_c=eta_c,
