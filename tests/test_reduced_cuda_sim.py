@@ -87,3 +87,14 @@ def test_cuda_kernel_on_device_equals_cpu_kernel():  # pragma: no cover - needs 
         for a, b in zip(advance_case(name, cuda_kernel.advance),
                         advance_case(name, _kernel.advance), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_backend_choice_errors():
+    from dynamics.reduced.simulate import _choose_backend
+
+    cfg = RunConfig(instance={"activation": "relu", "k": 2, "d": 10}, eta=0.01, steps=5)
+    assert _choose_backend(cfg, None, "relu")[0] == "numba"
+    with pytest.raises(ValueError, match="numba-cuda backend runs on device 'cuda' only"):
+        _choose_backend(cfg, "numba-cuda", "relu")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        _choose_backend(cfg, "opencl", "relu")

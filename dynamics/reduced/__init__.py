@@ -46,8 +46,11 @@ derived in :mod:`.glm_chain` (numba only); ``simulate_reduced``/``first_passage_
 dispatch to it.
 
 Backends: ``numba`` (CPU; all runs in a ``prange``, per-run SplitMix64 streams seeded from
-(seed, r), so results do not depend on the thread count; float64 always) and ``torch``
-(vectorised over runs, CUDA or CPU; honours float32).
+(seed, r), so results do not depend on the thread count; float64 always), ``numba-cuda``
+(the default on CUDA: the same compiled step loop as a CUDA kernel, one thread per run and
+every step in one launch, same streams, float64; :mod:`.cuda_kernel`) and ``torch``
+(vectorised over runs, one launch per step, CUDA or CPU; honours float32; also the fallback
+for activations without a compiled version).
 """
 
 from ._cache import drop_stale_cache

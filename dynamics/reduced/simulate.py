@@ -25,7 +25,7 @@ __all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced",
            "first_passage_reduced"]
 
 ENGINE = "reduced"
-BACKENDS = ("numba", "torch")
+BACKENDS = ("numba", "numba-cuda", "torch")
 
 
 def reduced_supported(config: RunConfig) -> tuple[bool, str]:
@@ -49,12 +49,17 @@ def reduced_supported(config: RunConfig) -> tuple[bool, str]:
 def _choose_backend(config: RunConfig, backend: str | None, act_name: str):
     device = resolve_device(config.device)
     if backend is None:
-        backend = "numba" if device.type == "cpu" and act_code(act_name) else "torch"
+        if act_code(act_name) is None:
+            backend = "torch"
+        else:
+            backend = "numba" if device.type == "cpu" else "numba-cuda"
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "numba" and device.type != "cpu":
         raise ValueError("the numba backend runs on device 'cpu' only")
-    if backend == "numba" and act_code(act_name) is None:
+    if backend == "numba-cuda" and device.type != "cuda":
+        raise ValueError("the numba-cuda backend runs on device 'cuda' only")
+    if backend.startswith("numba") and act_code(act_name) is None:
         raise ValueError(f"activation {act_name!r} has no compiled version; use backend torch")
     return backend, device
 
@@ -103,8 +108,14 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
     div = np.full(runs, -1, dtype=np.int64)
     hit = np.full(runs, -1, dtype=np.int64)
     code, hp = act_code(act.name)
+    if backend == "numba-cuda":  # one thread per run, every step in one launch
+        from . import cuda_kernel
+
+        advance = cuda_kernel.advance
+    else:
+        advance = _kernel.advance
     with numba.parallel_chunksize(1):  # runs to threads one at a time (unequal costs)
-        _kernel.advance(
+        advance(
             config.project, config.joint_c, params.L, params.ident, params.prm,
             params.inst_idx, code, hp, dof, float(config.eta), float(config.step_size_c),
             config.batch, common["noise_sd"], states, mu, nu, np.zeros((runs, k)), chat,
@@ -146,7 +157,8 @@ def _trajectory(config, instances, steps, rec, div, m0, backend, device) -> Traj
         pw = rec["pw"] if rec["pw"] is not None else np.zeros(rec["m"].shape + (instances[0].k,))
         coords = np.concatenate([pw, rec["mu"][..., None], rec["nu"][..., None]], -1)
     return assemble_trajectory(config, instances, steps, rec["m"], rec["chat"], coords, div,
-                               m0, dtype="float64" if backend == "numba" else config.dtype,
+                               m0, dtype=("float64" if backend.startswith("numba")
+                                          else config.dtype),
                                device=device, engine=ENGINE)
 
 
