@@ -52,7 +52,7 @@ spread of the 8 replicate means /√8. For ReLU at 2^18 points the relative SE o
 ≈ 0.1–0.2% (plain Monte Carlo: 0.7–0.9%), which matters: on the d = 200 test instance a 0.7%
 error of the noise term moves the predicted late-time mean by several SE of a 16384-run average.
 h̃ and E[ψ²] are exact (Price: K′ from ``hermite.kernels``, closed form or certified
-quadrature). The sample loop is compiled (numba, σ from ``dynamics.reduced._act``) for the
+quadrature). The sample loop is compiled (numba, σ from ``dynamics.activations_numba``) for the
 registry activations and runs in numpy otherwise.
 
 The exact one-step law (★): :func:`one_step_moments` gives E[μ′ − μ] and Var(μ′ − μ) with
@@ -73,7 +73,7 @@ import scipy.special
 import scipy.stats
 
 from dynamics.activations import get_activation
-from dynamics.reduced._act import act_code, sigma
+from dynamics.activations_numba import act_code, sigma
 
 from .gradient import h as _h_exact
 from .kernels import dual_kernel_derivative

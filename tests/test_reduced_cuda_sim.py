@@ -12,9 +12,9 @@ import textwrap
 import numpy as np
 import pytest
 
+from dynamics.activations_numba import act_code
 from dynamics.config import RunConfig
 from dynamics.reduced import _kernel
-from dynamics.reduced._act import act_code
 from dynamics.reduced.params import pack_instances
 from dynamics.sampling import run_seed
 

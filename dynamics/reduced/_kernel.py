@@ -11,8 +11,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..activations_numba import act_code
 from . import _rng
-from ._act import act_code
 from ._chain import run_one, scratch
 
 __all__ = ["init_runs", "advance", "replay"]

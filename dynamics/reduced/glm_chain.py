@@ -45,12 +45,12 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from ..activations_numba import act_code, sigma, sigma_and_deriv
 from ..config import RunConfig
 from ..learners.base import RunResult
 from ..sampling import run_seed
 from ..trajectory import Trajectory, checkpoint_steps
 from . import _rng
-from ._act import act_code, sigma, sigma_and_deriv
 from ._chain import M_TOL
 
 __all__ = ["glm_supported", "simulate_glm", "first_passage_glm", "init_glm", "advance_glm"]

@@ -44,8 +44,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..activations_numba import sigma, sigma_and_deriv
 from . import _rng
-from ._act import sigma, sigma_and_deriv
 
 __all__ = ["RETRACTIONS", "init_runs", "advance", "singular_values", "step_given"]
 

@@ -8,6 +8,7 @@ import numba
 import numpy as np
 import torch
 
+from ..activations_numba import act_code
 from ..config import RunConfig
 from ..observables import (
     LOSS_EXACT,
@@ -18,7 +19,6 @@ from ..observables import (
 from ..sampling import resolve_device, resolve_dtype, run_seed
 from ..trajectory import Trajectory, checkpoint_steps
 from . import _kernel, glm_chain, torch_chain
-from ._act import act_code
 from .params import ChainParams, pack_instances
 
 __all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced",
