@@ -1,0 +1,354 @@
+"""Learners ``scratch``, ``scratch-csq`` and ``sparse``: a two-layer network of unit rows.
+
+Student f̂(x) = Σⱼ λ̂ⱼ σ(⟨ŵⱼ, x⟩), ŵⱼ ∈ S^{d−1} (j < k′), trained by spherical online SGD
+(the same retraction as eq. 4, one row at a time). With aⱼ = ⟨ŵⱼ, x⟩ and y the label
+(teacher f*(x) = Σᵢ λᵢ σ(⟨vᵢ, x⟩), plus label noise), the sample gradients are
+
+    squared loss     L = (y − f̂)²:  ∇_{ŵⱼ} L = δⱼ x,  δⱼ = −2(y − f̂) λ̂ⱼ σ′(aⱼ),
+                                     ∂L/∂λ̂ⱼ = −2(y − f̂) σ(aⱼ);
+    correlation loss L = −y f̂:      δⱼ = −y λ̂ⱼ σ′(aⱼ),  ∂L/∂λ̂ⱼ = −y σ(aⱼ)   (CSQ learner).
+
+A step on a mini-batch averages them: Gⱼ = mean_b δⱼ x, and since ⟨ŵⱼ, Gⱼ⟩ = mean_b δⱼ aⱼ the
+tangent step ŵⱼ ← (ŵⱼ − η(Gⱼ − ⟨ŵⱼ,Gⱼ⟩ŵⱼ))/nⱼ has nⱼ² = 1 + η²(‖Gⱼ‖² − ⟨ŵⱼ,Gⱼ⟩²) in closed
+form (exact retraction ``sphere.retr``; rows are renormalised exactly at every chunk end).
+Only trainable rows move (per-run row mask); the second layer, when trained, follows plain
+SGD λ̂ ← λ̂ − η_c mean_b ∂L/∂λ̂ (same pre-step state as the rows). Cost O(b·k′·d) per step
+and run.
+
+- ``scratch``: rows start i.i.d. uniform on S^{d−1}; λ̂ fixed to the teacher's λ (k′ = k), or
+  trained (``train_second_layer``; λ̂₀ = λ if k′ = k, else λ̂ⱼ ~ N(0, 1/k′)).
+- ``scratch-csq``: the same student under the correlation loss, λ̂ = λ fixed.
+- ``sparse`` (S²FT, seed 002): rows start at W's rows, λ̂ = λ fixed, only s rows trainable.
+
+Randomness (initial rows, λ̂₀, the ``random`` sparse selection) comes from run r's ``init``
+stream ``run_seed(seed, r, "init")`` only, so a run's numbers do not depend on R.
+
+Observables: the cross Gram ⟨vᵢ, ŵⱼ⟩ (k × k′), the student Gram and λ̂; from them the exact
+population loss E(f* − f̂)² (``network_loss_from_grams``) and the alignment: mean over teacher
+neurons i of maxⱼ |⟨vᵢ, ŵⱼ⟩| (scratch), of ⟨vᵢ, ŵᵢ⟩ (sparse).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import sphere
+from ..network_loss import network_loss_from_grams
+from ..observables import LOSS_EXACT
+from ..sampling import run_seed
+from .base import Learner, RunResult, TensorState, make_trajectory
+from .problem import Problem, rowmat
+
+__all__ = ["NetworkState", "NetworkLearner", "Scratch", "ScratchCSQ", "Sparse",
+           "exact_loss", "alignment", "sparse_rows", "sparse_selection"]
+
+SQUARED, CORRELATION = "squared", "correlation"
+
+
+@dataclass
+class NetworkState(TensorState):
+    """State of R runs of a unit-row network learner (run axis first)."""
+
+    rows: torch.Tensor  # (R, k′, d) first-layer rows ŵⱼ, unit norm, canonical frame
+    lam_hat: torch.Tensor  # (R, k′) second layer λ̂
+    step: int = 0  # SGD steps taken
+
+
+@dataclass
+class Prepared:
+    """State-independent terms of a chunk of examples x (R, n, b, d)."""
+
+    y: torch.Tensor  # (R, n, b) labels f*(x) (+ label noise)
+
+
+def sparse_rows(config, k: int, d: int) -> int:
+    """s: ``config.sparse_rows``, or min(k, ⌈(k + d)/d⌉) (rank-1 LoRA's parameter budget)."""
+    if config.sparse_rows is not None:
+        return int(config.sparse_rows)
+    return min(k, math.ceil((k + d) / d))
+
+
+def sparse_selection(config, lam: np.ndarray, d: int, run: int) -> np.ndarray:
+    """Sorted indices of the s rows that ``sparse`` tunes in run ``run`` (λ (k,) its λ).
+
+    ``lambda``: the s largest |λᵢ| (ties: lower index first); ``random``: s distinct rows
+    drawn from the run's ``init`` stream.
+    """
+    lam = np.asarray(lam, dtype=float)
+    s = sparse_rows(config, lam.shape[0], d)
+    if config.sparse_select == "random":
+        rng = np.random.default_rng(run_seed(config.seed, run, "init"))
+        return np.sort(rng.choice(lam.shape[0], size=s, replace=False))
+    return np.sort(np.argsort(-np.abs(lam), kind="stable")[:s])
+
+
+def exact_loss(instances, cross: np.ndarray, gram: np.ndarray,
+               lam_hat: np.ndarray) -> np.ndarray:
+    """(R, C) exact E(f* − f̂)² from cross (R, C, k, k′), gram (R, C, k′, k′), λ̂ (R, C, k′).
+
+    Non-finite checkpoints (none expected: the engine restores diverged runs) give NaN.
+    """
+    out = np.full(cross.shape[:2], np.nan)
+    for r, inst in enumerate(instances):
+        ok = (np.isfinite(cross[r]).all((-1, -2)) & np.isfinite(gram[r]).all((-1, -2))
+              & np.isfinite(lam_hat[r]).all(-1))
+        out[r, ok] = network_loss_from_grams(inst.activation, inst.lam, inst.teacher_gram(),
+                                             lam_hat[r, ok], gram[r, ok], cross[r, ok])
+    return out
+
+
+def alignment(cross: np.ndarray, diagonal: bool) -> np.ndarray:
+    """Mean over teacher neurons i of ⟨vᵢ, ŵᵢ⟩ (``diagonal``) or of maxⱼ |⟨vᵢ, ŵⱼ⟩|."""
+    if diagonal:
+        return np.diagonal(cross, axis1=-2, axis2=-1).mean(-1)
+    return np.abs(cross).max(-1).mean(-1)
+
+
+class NetworkLearner(Learner):
+    """Spherical online SGD of a unit-row two-layer network (module docstring: formulas).
+
+    ``mask`` (R, k′) bool marks the trainable rows. ``eta_r`` (R,) and ``eta_c_r`` (R,) are
+    per-run step sizes (the engine zeroes a diverged run's entries).
+    """
+
+    loss_name = SQUARED
+    diagonal_alignment = False
+
+    def __init__(self, problem: Problem, *, width: int, eta: float, eta_c: float,
+                 train_second_layer: bool = False, batch: int = 1, label_noise: float = 0.0,
+                 mask: torch.Tensor | None = None):
+        self.problem, self.k, self.width = problem, problem.k, width
+        self.train_second_layer, self.batch = train_second_layer, batch
+        self.noise_sd = math.sqrt(label_noise)
+        ones = torch.ones_like(problem.xi)
+        self.eta_r, self.eta_c_r = eta * ones, eta_c * ones
+        if mask is None:
+            mask = torch.ones((problem.runs, width), dtype=torch.bool, device=ones.device)
+        self.mask = mask
+        self._mask_f = mask.to(ones.dtype)
+        self._vrows = None  # teacher rows (R, k, k+1), built on first use
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def check(cls, config, instance) -> None:
+        from ..config import ConfigError
+
+        width = instance.k if config.width is None else config.width
+        if not config.train_second_layer and width != instance.k:
+            raise ConfigError("width", f"{cls.name} with a fixed second layer (λ̂ = λ) needs "
+                                       f"width = k = {instance.k}, got {width}")
+
+    @classmethod
+    def options(cls, config, problem: Problem) -> dict:
+        """Keyword arguments of ``__init__`` from the config (subclasses add the mask)."""
+        return dict(width=problem.k if config.width is None else config.width,
+                    eta=config.eta, eta_c=config.step_size_c,
+                    train_second_layer=config.train_second_layer, batch=config.batch,
+                    label_noise=config.label_noise)
+
+    @classmethod
+    def from_config(cls, config, problem: Problem):
+        return cls(problem, **cls.options(config, problem))
+
+    def step_sizes(self) -> list[torch.Tensor]:
+        return [self.eta_r, self.eta_c_r]
+
+    @property
+    def needs_label_noise(self) -> bool:
+        return self.noise_sd > 0
+
+    def _tensor(self, a) -> torch.Tensor:
+        xi = self.problem.xi
+        return torch.as_tensor(np.ascontiguousarray(a), dtype=xi.dtype, device=xi.device)
+
+    def initial_state(self, config, instances) -> tuple[NetworkState, np.ndarray]:
+        """(state, m₀): m₀ = the initial alignment (see :func:`alignment`)."""
+        rows, lam_hat = self.initial_arrays(config, instances)
+        state = NetworkState(self._tensor(rows), self._tensor(lam_hat), 0)
+        obs = self.observe(state)
+        return state, alignment(obs["cross"], self.diagonal_alignment)
+
+    def initial_arrays(self, config, instances) -> tuple[np.ndarray, np.ndarray]:
+        """Initial rows (R, k′, d) and λ̂ (R, k′), float64: defined by each learner."""
+        raise NotImplementedError(f"{type(self).__name__} defines no initial state")
+
+    # ------------------------------------------------------------------ gradients
+    def prepare(self, state: NetworkState, x: torch.Tensor, eps: torch.Tensor | None = None,
+                sqnorm: torch.Tensor | None = None) -> Prepared:
+        """Labels y = f*(x) (+ √label_noise·eps) of a chunk x (R, n, b, d)."""
+        p = self.problem
+        y = p.teacher(x, rowmat(x[..., : self.k], p.lt))
+        if eps is not None and self.noise_sd > 0:
+            y = y.add_(eps, alpha=self.noise_sd)
+        return Prepared(y)
+
+    def _terms(self, state: NetworkState, x: torch.Tensor, y: torch.Tensor):
+        """(a, σ(a), δ, coefficient of σ(aⱼ) in ∂L/∂λ̂ⱼ, loss) for x (R, b, d), y (R, b)."""
+        act = self.problem.activation
+        a = torch.bmm(x, state.rows.transpose(1, 2))  # (R, b, k′)
+        sa = act.fn(a)
+        lam = state.lam_hat[:, None]
+        f_hat = torch.linalg.vecdot(sa, lam)
+        if self.loss_name == SQUARED:
+            resid = y - f_hat
+            outer = -2.0 * resid  # ∂L/∂f̂
+            loss = resid * resid
+        else:
+            outer = -y
+            loss = -y * f_hat
+        delta = outer[..., None] * lam * act.deriv(a)
+        return a, sa, delta, outer, loss
+
+    def sample_gradients(self, state: NetworkState, x: torch.Tensor,
+                         eps: torch.Tensor | None = None):
+        """Per-example (tangent ∇_{ŵ} L (R, b, k′, d), zero on frozen rows; ∂L/∂λ̂ (R, b, k′)
+        (whether or not λ̂ is trained); L (R, b)) for x (R, b, d), label normals eps (R, b)."""
+        pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
+        _, sa, delta, outer, loss = self._terms(state, x, pre.y[:, 0])
+        grad = delta[..., None] * x[:, :, None, :]
+        tangent = sphere.proju(state.rows[:, None], grad) * self._mask_f[:, None, :, None]
+        return tangent, outer[..., None] * sa, loss
+
+    # ------------------------------------------------------------------ steps
+    def step_prepared_(self, state: NetworkState, x: torch.Tensor, pre: Prepared,
+                       i: int) -> torch.Tensor:
+        """One spherical SGD step in place on x (R, b, d); returns minⱼ 1/nⱼ (R,)."""
+        a, sa, delta, outer, _ = self._terms(state, x, pre.y[:, i])
+        b = x.shape[1]
+        if b == 1:  # Gⱼ (R, k′, d): an outer product is cheaper than a bmm
+            grad = delta[:, 0, :, None] * x
+        else:
+            grad = torch.bmm(delta.transpose(1, 2), x).div_(b)
+        ug = torch.linalg.vecdot(delta, a, dim=1).div_(b)  # ⟨ŵⱼ, Gⱼ⟩ (R, k′)
+        eta = self.eta_r[:, None] * self._mask_f  # 0 on frozen rows
+        g2 = torch.linalg.vector_norm(grad, dim=-1).square_()
+        inv = torch.addcmul(g2, ug, ug, value=-1.0).mul_(eta * eta).add_(1.0).rsqrt_()
+        alpha = torch.addcmul(inv, inv, eta * ug)  # (1 + η⟨ŵ,G⟩)/n
+        state.rows.mul_(alpha[..., None]).addcmul_(grad, (eta * inv)[..., None], value=-1.0)
+        if self.train_second_layer:
+            grad_l = torch.linalg.vecdot(outer[..., None], sa, dim=1).div_(b)
+            state.lam_hat.addcmul_(grad_l, self.eta_c_r[:, None], value=-1.0)
+        state.step += 1
+        return inv.amin(-1)
+
+    def renormalize_(self, state: NetworkState) -> None:
+        """Exact projx of the trainable rows (frozen rows are left bit-for-bit unchanged)."""
+        norms = torch.linalg.vector_norm(state.rows, dim=-1)
+        state.rows.div_(torch.where(self.mask, norms, torch.ones_like(norms))[..., None])
+
+    # ------------------------------------------------------------------ observables
+    def _teacher_rows(self) -> torch.Tensor:
+        """(R, k, k+1) unit teacher rows vᵢ (canonical frame, first k+1 coordinates)."""
+        if self._vrows is None:
+            p = self.problem
+            lt = p.lt if p.lt.dim() == 3 else p.lt.expand(p.runs, -1, -1)
+            w = lt.transpose(1, 2)  # rows wᵢ = L[i]
+            u = torch.cat([p.u_w, p.u_perp[:, None]], dim=1)  # (R, k+1)
+            head = torch.cat([w, torch.zeros_like(w[..., :1])], dim=2)
+            v = head + (p.xi[:, None] * p.c)[..., None] * u[:, None, :]
+            self._vrows = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+        return self._vrows
+
+    def observe(self, state: NetworkState) -> dict:
+        """cross ⟨vᵢ, ŵⱼ⟩ (R, k, k′), student Gram (R, k′, k′), λ̂ (R, k′)."""
+        rows = state.rows
+        cross = torch.bmm(self._teacher_rows(), rows[..., : self.k + 1].transpose(1, 2))
+        gram = torch.bmm(rows, rows.transpose(1, 2))
+
+        def host(t):
+            return t.double().cpu().numpy().copy()
+
+        return {"cross": host(cross), "gram": host(gram), "lam_hat": host(state.lam_hat)}
+
+    def trajectory(self, result: RunResult):
+        """Exact loss and alignment (also ``extra['alignment']``) at every checkpoint."""
+        rec = result.records
+        loss = exact_loss(result.instances, rec["cross"], rec["gram"], rec["lam_hat"])
+        align = alignment(rec["cross"], self.diagonal_alignment)
+        extra = {"alignment": align}
+        if self.train_second_layer:
+            extra["lam_hat"] = rec["lam_hat"]
+        return make_trajectory(result, align, loss, loss_kind=LOSS_EXACT, extra=extra)
+
+
+class _FromScratch(NetworkLearner):
+    """Rows i.i.d. uniform on S^{d−1} from run r's ``init`` stream; λ̂₀ = λ, or, when trained
+    and k′ ≠ k, λ̂ⱼ ~ N(0, 1/k′) from the same stream (drawn after the rows)."""
+
+    def initial_arrays(self, config, instances) -> tuple[np.ndarray, np.ndarray]:
+        d, width = instances[0].d, self.width
+        rows = np.empty((len(instances), width, d))
+        lam_hat = np.empty((len(instances), width))
+        for r, inst in enumerate(instances):
+            rng = np.random.default_rng(run_seed(config.seed, r, "init"))
+            g = rng.standard_normal((width, d))
+            rows[r] = g / np.linalg.norm(g, axis=1, keepdims=True)
+            if width == inst.k:
+                lam_hat[r] = inst.lam
+            else:
+                lam_hat[r] = rng.standard_normal(width) / math.sqrt(width)
+        return rows, lam_hat
+
+
+class Scratch(_FromScratch):
+    """``scratch``: learn the teacher from random rows under the squared loss."""
+
+    name = "scratch"
+
+
+class ScratchCSQ(_FromScratch):
+    """``scratch-csq``: the correlation loss L = −y f̂ (a CSQ algorithm), λ̂ = λ fixed."""
+
+    name = "scratch-csq"
+    loss_name = CORRELATION
+
+    @classmethod
+    def check(cls, config, instance) -> None:
+        from ..config import ConfigError
+
+        if config.train_second_layer:
+            raise ConfigError("train_second_layer", "scratch-csq keeps λ̂ = λ fixed (the "
+                                                    "correlation loss is unbounded in λ̂)")
+        super().check(config, instance)
+
+
+class Sparse(NetworkLearner):
+    """``sparse`` (S²FT): rows start at W's rows, λ̂ = λ fixed, only s rows are tuned
+    (:func:`sparse_selection`); alignment = mean over i of ⟨vᵢ, ŵᵢ⟩."""
+
+    name = "sparse"
+    diagonal_alignment = True
+
+    @classmethod
+    def check(cls, config, instance) -> None:
+        from ..config import ConfigError
+
+        if config.train_second_layer:
+            raise ConfigError("train_second_layer", "sparse keeps λ̂ = λ fixed")
+        if config.width is not None and config.width != instance.k:
+            raise ConfigError("width", f"sparse tunes W's own k = {instance.k} rows, got "
+                                       f"width {config.width}")
+        s = sparse_rows(config, instance.k, instance.d)
+        if s > instance.k:
+            raise ConfigError("sparse_rows", f"must be ≤ k = {instance.k}, got {s}")
+
+    @classmethod
+    def from_config(cls, config, problem: Problem):
+        lam = problem.lam.double().cpu().numpy()
+        mask = torch.zeros((problem.runs, problem.k), dtype=torch.bool,
+                           device=problem.xi.device)
+        for r in range(problem.runs):
+            mask[r, torch.as_tensor(sparse_selection(config, lam[r], problem.d, r))] = True
+        return cls(problem, **cls.options(config, problem), mask=mask)
+
+    def initial_arrays(self, config, instances) -> tuple[np.ndarray, np.ndarray]:
+        inst0 = instances[0]
+        rows = np.zeros((len(instances), inst0.k, inst0.d))
+        for r, inst in enumerate(instances):
+            rows[r, :, : inst.k] = inst.w_factor
+        return rows, np.stack([inst.lam for inst in instances]).astype(float)
+
