@@ -25,6 +25,16 @@ from .lna import TheoryBand, initial_law, theory_band
 from .loss import population_loss, population_loss_derivative
 from .noise import NoiseMoments, OneStepMoments, noise_moments, one_step_moments
 from .ode import ode_continuous, population_ode, steps_to_reach
+from .rank import (
+    A_matrix,
+    RankConstants,
+    matrix_ode,
+    overlap_drift,
+    population_loss_rank,
+    rank_correlations,
+    signed_smallest,
+    singular_values,
+)
 from .series import HSeries, h_direct, truncation_bound
 from .stepsize import StepSizeReport, max_step_size
 from .table import HTable
@@ -79,4 +89,12 @@ __all__ = [
     "initial_law",
     "max_step_size",
     "StepSizeReport",
+    "A_matrix",
+    "overlap_drift",
+    "population_loss_rank",
+    "matrix_ode",
+    "rank_correlations",
+    "RankConstants",
+    "singular_values",
+    "signed_smallest",
 ]
