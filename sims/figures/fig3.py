@@ -20,8 +20,12 @@ def sweep(quick: bool) -> dict:
 RECIPE = Recipe(
     name="fig3",
     caption="ReLU, ξ = √k, ĉ and û trained jointly: (a) population loss of low-rank "
-            "fine-tuning and of its linearization around the base model (the linearized "
-            "model plateaus at a non-zero loss); (b) fine-tuning's |⟨û_t, u⟩| (solid) and "
+            "fine-tuning and of its linearization around the base model (learner "
+            "`linearized`: SGD on the first-order Taylor model f₀ + Σⱼ λⱼσ′(zⱼ)⟨(I − wⱼwⱼᵀ)Δⱼ, x⟩ "
+            "with Δ = ξĉûᵀ; drawn is the exact loss of the network with its learned rows "
+            "(wⱼ + Δⱼ)/‖·‖, the linear model's own loss is stored as `loss_linear`); the "
+            "linearized model stays at a loss far above fine-tuning's; (b) fine-tuning's "
+            "|⟨û_t, u⟩| (solid) and "
             "⟨ĉ_t, c⟩ (dotted): ĉ aligns only once û has. Convention: " + CONVENTION + ".",
     sweep=sweep,
     panels=lambda quick: (

@@ -1,0 +1,412 @@
+"""The ``linearized`` learner: online SGD on the first-order Taylor model around the base network.
+
+The fine-tuned student has rows (wⱼ + Δⱼ)/‖wⱼ + Δⱼ‖ (unit wⱼ); to first order in Δ,
+d/dΔ (w + Δ)/‖w + Δ‖ at Δ = 0 is Δ − w⟨w, Δ⟩, so the linearized (NTK / lazy) model is
+
+    f_lin(x) = f₀(x) + Σⱼ βⱼ(x) (⟨Δⱼ, x⟩ − zⱼ⟨wⱼ, Δⱼ⟩),   βⱼ = λⱼσ′(zⱼ),   z = Wx,
+
+with f₀ = Σⱼ λⱼσ(zⱼ) the base network (paper §B, Fig. 3: "Taylor expand around the base
+model"). Note ⟨Δⱼ, x⟩ − zⱼ⟨wⱼ, Δⱼ⟩ = ⟨(I − wⱼwⱼᵀ)Δⱼ, x⟩: f_lin sees each Δⱼ only through
+its part ⊥ wⱼ. The loss on one example is L = (y − f_lin(x))² + prox·‖Δ‖²_F (no 1/2; y the
+teacher label, plus label noise if configured; prox from seed 003). Two parameterisations:
+
+- rank 1 (default, :class:`Linearized`): Δ = ξ ĉ ûᵀ with û on the sphere, ĉ frozen or trained
+  jointly, exactly the parameterisation and spherical step of ``finetune`` (eq. 4). With
+  s = ⟨û, x⟩, ωⱼ = ⟨wⱼ, û⟩, b = ξ Σⱼ βⱼĉⱼ and r = y − f_lin, f_lin = f₀ + b s − ξΣⱼβⱼĉⱼzⱼωⱼ and
+
+      ∇_û L = g x − Σⱼ γⱼ wⱼ,   g = −2 r b,   γⱼ = −2 r ξ βⱼ ĉⱼ zⱼ,
+      ∂L/∂ĉⱼ = −2 r ξ βⱼ (s − zⱼωⱼ) + 2·prox·ξ²ĉⱼ,
+
+  the same structure as finetune's sample gradient, so the û step (projected: ω = 0 and the
+  span-W part drops) is finetune's, reused unchanged.
+- full rank (``full_rank=True``, :class:`LinearizedFullRank`): Δ ∈ R^{k×d}, Δ₀ = 0, plain
+  SGD Δ ← Δ − η(mean_b ∇_Δ L): ∇_{Δⱼ} L = −2 r βⱼ (x − zⱼwⱼ) + 2·prox·Δⱼ, the NTK of full
+  fine-tuning. No projection ⊥ wⱼ is applied: the data gradient x − zⱼwⱼ is already ⊥ wⱼ
+  (the linearized normalisation is that projection), so from Δ₀ = 0 every Δⱼ stays ⊥ wⱼ
+  anyway. ``project=True`` applies eq. 4's Π to the gradient's rows, as for finetune, so the
+  rows of Δ stay in span(W)^⊥ (Δ₀ = 0).
+
+Observables: ``overlap`` = ⟨û, u⟩ (rank 1) or, full rank, |⟨v₁, u⟩| with v₁ the top right
+singular vector of Δ (NaN while Δ = 0); ``loss`` = the exact population loss of the *true*
+network with rows (wⱼ + Δⱼ)/‖·‖ (``network_loss``, dual kernels); extra ``loss_linear`` = the
+population loss of f_lin, a Monte Carlo average on a fixed evaluation set (``eval_size``
+examples, stream ``eval`` of the seed) drawn in an orthonormal basis of span W ⊕ u ⊕ rows(Δ),
+which is exact in law since x is isotropic; extra ``delta_norm`` = ‖Δ‖_F; ``c_overlap`` when ĉ
+is trained; ``ode`` NaN (no theory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from ..network_loss import network_loss
+from ..observables import c_overlap, group_runs
+from ..sampling import run_seed
+from .base import Learner, RunResult, TensorState, make_trajectory
+from .finetune import Finetune, FinetuneState
+from .problem import Problem, per_run, rowmat
+
+__all__ = ["Linearized", "LinearizedFullRank", "FullRankState", "LinearPrepared",
+           "LinearTerms", "reduce_rows", "true_loss", "linear_loss"]
+
+_EVAL_BLOCK = 2**23  # elements of the (checkpoints, examples, k) Monte Carlo block
+
+
+def _config_error(field: str, problem: str):
+    from ..config import ConfigError
+
+    return ConfigError(field, problem)
+
+
+@dataclass
+class LinearPrepared:
+    """State-independent quantities of a chunk of examples x (R, n, b, d)."""
+
+    z: torch.Tensor  # (R, n, b, k) Wx
+    y: torch.Tensor  # (R, n, b) labels f*(x) (+ label noise)
+    f0: torch.Tensor  # (R, n, b) base network f₀(x)
+    beta: torch.Tensor  # (R, n, b, k) βⱼ = λⱼσ′(zⱼ)
+    b: torch.Tensor | None  # (R, n, b) ξΣⱼβⱼĉⱼ while ĉ is frozen (rank 1), else None
+    sqnorm: torch.Tensor | None  # (R, n, b) ‖Πx‖² or ‖x‖² (rank 1, b = 1 only)
+
+
+@dataclass
+class LinearTerms:
+    """Per-example terms of the rank-1 sample gradient (shapes (R, b, k) or (R, b))."""
+
+    z: torch.Tensor  # Wx
+    s: torch.Tensor  # ⟨û, x⟩
+    omega: torch.Tensor | None  # (R, k) ⟨wⱼ, û⟩ (None when projected: it is 0)
+    resid: torch.Tensor  # r = y − f_lin
+    beta: torch.Tensor  # βⱼ = λⱼσ′(zⱼ)
+    b: torch.Tensor  # ξΣⱼβⱼĉⱼ
+    xc: torch.Tensor  # (R, 1, k) ξĉ
+
+    @cached_property
+    def g(self) -> torch.Tensor:
+        """Coefficient of x in ∇_û L: −2 r b."""
+        return -2.0 * self.resid * self.b
+
+    @cached_property
+    def gamma(self) -> torch.Tensor:
+        """γⱼ = −2 r ξ βⱼ ĉⱼ zⱼ: ∇_û L ∋ −Σⱼ γⱼ wⱼ (unprojected only)."""
+        return (-2.0 * self.resid)[..., None] * self.beta * self.xc * self.z
+
+    @cached_property
+    def ell(self) -> torch.Tensor:
+        """⟨(I − wⱼwⱼᵀ)û, x⟩ = s − zⱼωⱼ, (R, b, k)."""
+        s = self.s[..., None]
+        return s.expand_as(self.z) if self.omega is None else s - self.z * self.omega[:, None]
+
+    @cached_property
+    def loss(self) -> torch.Tensor:
+        """L = (y − f_lin)² (without the prox term)."""
+        return self.resid * self.resid
+
+
+def _prepare(problem: Problem, x: torch.Tensor, eps, noise_sd: float):
+    """z = Wx, y (+ noise), f₀ and β for x (R, …, d)."""
+    z = rowmat(x[..., : problem.k], problem.lt)
+    y = problem.teacher(x, z)
+    if eps is not None and noise_sd > 0:
+        y = y.add_(eps, alpha=noise_sd)
+    lam = per_run(problem.lam, z.dim())
+    act = problem.activation
+    return z, y, (act.fn(z) * lam).sum(-1), act.deriv(z) * lam
+
+
+def _check(config, instance) -> None:
+    """ConfigError for the settings the linearized learner does not support."""
+    if config.rank != 1:
+        raise _config_error("rank", f"linearized supports rank 1 (or full_rank), got "
+                                    f"{config.rank}")
+    if config.engine == "reduced":
+        raise _config_error("engine", "linearized has no reduced engine; use full or auto")
+    if config.full_rank:
+        if config.joint_c:
+            raise _config_error("joint_c", "full_rank linearized has no ĉ to train "
+                                           "(Δ ∈ R^{k×d} is trained directly)")
+        if config.init != "uniform":
+            raise _config_error("init", "full_rank linearized starts at Δ = 0; init must be "
+                                        "'uniform' (unused)")
+    if instance.d is not None and instance.d < instance.k + 2:
+        raise _config_error("instance", f"linearized needs d ≥ k + 2, got d = {instance.d}, "
+                                        f"k = {instance.k}")
+
+
+class Linearized(Finetune):
+    """Learner ``linearized``, rank 1: Δ = ξĉûᵀ, finetune's spherical step on f_lin's loss.
+
+    ``from_config`` returns a :class:`LinearizedFullRank` when ``config.full_rank``.
+    """
+
+    name = "linearized"
+
+    def __init__(self, problem: Problem, *, eta: float, eta_c: float, project: bool = True,
+                 joint_c: bool = False, batch: int = 1, label_noise: float = 0.0,
+                 prox: float = 0.0, eval_size: int = 20_000, seed: int = 0):
+        super().__init__(problem, eta=eta, eta_c=eta_c, project=project, joint_c=joint_c,
+                         batch=batch, label_noise=label_noise, prox=prox, keep_coords=True)
+        self.eval_size, self.seed = eval_size, seed
+
+    @classmethod
+    def check(cls, config, instance) -> None:
+        _check(config, instance)
+
+    @classmethod
+    def from_config(cls, config, problem: Problem):
+        if config.full_rank:
+            return LinearizedFullRank.from_config(config, problem)
+        return cls(problem, eta=config.eta, eta_c=config.step_size_c, project=config.project,
+                   joint_c=config.joint_c, batch=config.batch, label_noise=config.label_noise,
+                   prox=config.prox, eval_size=config.eval_size, seed=config.seed)
+
+    def _xc(self, state: FinetuneState) -> torch.Tensor:
+        return self.problem.xi[:, None] * state.c_hat
+
+    def prepare(self, state: FinetuneState, x: torch.Tensor, eps: torch.Tensor | None = None,
+                sqnorm: torch.Tensor | None = None) -> LinearPrepared:
+        """State-independent terms of a chunk x (R, n, b, d), label normals eps (R, n, b)."""
+        z, y, f0, beta = _prepare(self.problem, x, eps, self.noise_sd)
+        b = None if self.joint_c else (beta * per_run(self._xc(state), 4)).sum(-1)
+        lo = self.k if self.project else 0
+        if sqnorm is None and x.shape[2] == 1:
+            sqnorm = torch.linalg.vector_norm(x[..., lo: self.problem.d], dim=-1).square_()
+        return LinearPrepared(z, y, f0, beta, b, sqnorm)
+
+    def terms(self, state: FinetuneState, x: torch.Tensor, pre: LinearPrepared,
+              i: int = 0) -> LinearTerms:
+        """Per-example terms of step i of a prepared chunk; x (R, b, d) is that step's examples."""
+        s = self._dot(x, state.u_hat)
+        z, beta = pre.z[:, i], pre.beta[:, i]
+        xc = self._xc(state)[:, None]
+        b = pre.b[:, i] if pre.b is not None else torch.linalg.vecdot(beta, xc)
+        f = pre.f0[:, i] + b * s
+        omega = None
+        if not self.project:
+            omega = rowmat(state.u_hat[:, : self.k], self.problem.lt)
+            f = f - torch.linalg.vecdot(beta * xc * z, omega[:, None])
+        return LinearTerms(z, s, omega, pre.y[:, i] - f, beta, b, xc)
+
+    def _gamma(self, t: LinearTerms) -> torch.Tensor:
+        return t.gamma
+
+    def _grad_c(self, state: FinetuneState, t: LinearTerms) -> torch.Tensor:
+        """∂L/∂ĉ per example, (R, b, k): −2 r ξ βⱼ (s − zⱼωⱼ) + 2·prox·ξ²ĉⱼ."""
+        xi = self.problem.xi[:, None, None]
+        grad = (-2.0 * t.resid)[..., None] * xi * t.beta * t.ell
+        if self.prox:
+            grad = grad + 2.0 * self.prox * xi * t.xc
+        return grad
+
+    def trajectory(self, result: RunResult):
+        """True (exact) and linear-model (Monte Carlo) losses from û's reduced coordinates."""
+        rec, insts = result.records, result.instances
+        xi = np.array([i.xi for i in insts])[:, None, None]
+        c_hats = rec.get("c_hat")
+        ch = c_hats if c_hats is not None else np.stack([i.c_hat for i in insts])[:, None]
+        xc = xi * ch  # (R, C or 1, k)
+        delta = xc[..., None] * rec["coords"][:, :, None, :]  # (R, C, k, k+2)
+        c_ov = None
+        if c_hats is not None:
+            c_ov = c_overlap(c_hats, np.stack([i.c for i in insts])[:, None, :])
+        return _trajectory(result, rec["overlap"], delta, c_ov, self.seed, self.eval_size)
+
+
+@dataclass
+class FullRankState(TensorState):
+    """State of R runs of the full-rank linearized learner (run axis first)."""
+
+    delta: torch.Tensor  # (R, k, d) Δ in the canonical frame
+    step: int = 0
+
+
+class LinearizedFullRank(Learner):
+    """Learner ``linearized`` with ``full_rank``: plain SGD on Δ ∈ R^{k×d} (module docstring)."""
+
+    name = "linearized"
+
+    def __init__(self, problem: Problem, *, eta: float, project: bool = True,
+                 label_noise: float = 0.0, prox: float = 0.0, eval_size: int = 20_000,
+                 seed: int = 0):
+        self.problem, self.k, self.project, self.prox = problem, problem.k, project, prox
+        self.noise_sd = float(np.sqrt(label_noise))
+        self.eta_r = eta * torch.ones_like(problem.xi)
+        self.eval_size, self.seed = eval_size, seed
+
+    @classmethod
+    def check(cls, config, instance) -> None:
+        _check(config, instance)
+
+    @classmethod
+    def from_config(cls, config, problem: Problem) -> LinearizedFullRank:
+        return cls(problem, eta=config.eta, project=config.project,
+                   label_noise=config.label_noise, prox=config.prox,
+                   eval_size=config.eval_size, seed=config.seed)
+
+    @property
+    def needs_label_noise(self) -> bool:
+        return self.noise_sd > 0
+
+    def step_sizes(self) -> list[torch.Tensor]:
+        return [self.eta_r]
+
+    def initial_state(self, config, instances) -> tuple[FullRankState, np.ndarray]:
+        """Δ₀ = 0 (the base model); no initial overlap (NaN)."""
+        p = self.problem
+        delta = torch.zeros((p.runs, p.k, p.d), dtype=p.xi.dtype, device=p.xi.device)
+        return FullRankState(delta, 0), np.full(p.runs, np.nan)
+
+    def prepare(self, state: FullRankState, x: torch.Tensor, eps: torch.Tensor | None = None,
+                sqnorm: torch.Tensor | None = None) -> LinearPrepared:
+        z, y, f0, beta = _prepare(self.problem, x, eps, self.noise_sd)
+        return LinearPrepared(z, y, f0, beta, None, None)
+
+    def _residual(self, state: FullRankState, x: torch.Tensor, pre: LinearPrepared, i: int):
+        """r = y − f_lin per example (R, b): f_lin = f₀ + Σⱼ βⱼ(⟨Δⱼ, x⟩ − zⱼ⟨wⱼ, Δⱼ⟩)."""
+        z, beta = pre.z[:, i], pre.beta[:, i]
+        dx = torch.bmm(x, state.delta.transpose(1, 2))  # (R, b, k) ⟨Δⱼ, x⟩
+        wd = self._w_dot(state.delta)  # (R, k) ⟨wⱼ, Δⱼ⟩
+        lin = dx - z * wd[:, None]
+        return pre.y[:, i] - pre.f0[:, i] - torch.linalg.vecdot(beta, lin)
+
+    def _w_dot(self, delta: torch.Tensor) -> torch.Tensor:
+        """⟨wⱼ, Δⱼ⟩ (R, k): wⱼ = row j of L in the first k coordinates."""
+        return (delta[:, :, : self.k] * self.problem.l).sum(-1)
+
+    def _data_gradient(self, x: torch.Tensor, z: torch.Tensor, coef: torch.Tensor):
+        """Σ_b coefⱼ (Π)(x − zⱼwⱼ) as (R, k, d), coef (R, b, k) (the −∇ of the data term)."""
+        grad = torch.bmm(coef.transpose(1, 2), x)
+        if self.project:
+            grad[:, :, : self.k] = 0.0
+        else:
+            grad[:, :, : self.k] -= (coef * z).sum(1)[..., None] * self.problem.l
+        return grad
+
+    def sample_gradients(self, state: FullRankState, x: torch.Tensor,
+                         eps: torch.Tensor | None = None):
+        """Reference per-example gradients (tests): (∇_Δ L (R, b, k, d), L (R, b)).
+
+        ∇_Δ L = (−2 r βⱼ (x − zⱼwⱼ) + 2·prox·Δⱼ)Π (Π on the rows, only if projected),
+        L = r² + prox·‖Δ‖²_F.
+        """
+        pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
+        r = self._residual(state, x, pre, 0)
+        coef = 2.0 * r[..., None] * pre.beta[:, 0]
+        grads = torch.stack([-self._data_gradient(x[:, j: j + 1], pre.z[:, 0, j: j + 1],
+                                                  coef[:, j: j + 1])
+                             for j in range(x.shape[1])], 1)
+        grads = grads + 2.0 * self.prox * state.delta[:, None]
+        if self.project:
+            grads[..., : self.k] = 0.0
+        sq = state.delta.square().sum((1, 2))
+        return grads, r * r + self.prox * sq[:, None]
+
+    def step_prepared_(self, state: FullRankState, x: torch.Tensor, pre: LinearPrepared,
+                       i: int) -> torch.Tensor:
+        """Δ ← (1 − 2η·prox)Δ + η Σ_b (2rβⱼ/b) Π(x − zⱼwⱼ); returns (1 + mean r²)^{−1/2}."""
+        r = self._residual(state, x, pre, i)
+        coef = (2.0 / x.shape[1]) * r[..., None] * pre.beta[:, i]
+        grad = self._data_gradient(x, pre.z[:, i], coef)
+        eta = self.eta_r[:, None, None]
+        if self.prox:
+            state.delta.mul_(1.0 - 2.0 * self.prox * eta)
+        state.delta.addcmul_(grad, eta)
+        state.step += 1
+        return torch.rsqrt(1.0 + (r * r).mean(1))
+
+    def observe(self, state: FullRankState) -> dict:
+        """Δ in a (k, 2k+1) orthonormal basis of span W ⊕ e ⊕ rows(Δ) (:func:`reduce_rows`),
+        and the overlap |⟨v₁, u⟩| of its top right singular vector."""
+        red = reduce_rows(state.delta, self.k)
+        p = self.problem
+        u = np.zeros((p.runs, red.shape[-1]))
+        u[:, : self.k] = p.u_w.double().cpu().numpy()
+        u[:, self.k] = p.u_perp.double().cpu().numpy()
+        _, sv, vt = np.linalg.svd(red, full_matrices=False)
+        ov = np.abs((vt[:, 0] * u).sum(-1))
+        ov[sv[:, 0] == 0] = np.nan
+        return {"overlap": ov, "delta": red}
+
+    def trajectory(self, result: RunResult):
+        rec = result.records
+        return _trajectory(result, rec["overlap"], rec["delta"], None, self.seed,
+                           self.eval_size)
+
+
+def reduce_rows(delta: torch.Tensor, k: int) -> np.ndarray:
+    """(R, k, 2k+1) coordinates of Δ (R, k, d) in an orthonormal basis: the first k+1
+    canonical coordinates (span W, e), then a basis of the rows' remaining part (QR).
+
+    Gram matrices and inner products with W and u are preserved, and x's coordinates in
+    the basis are again i.i.d. N(0, 1), so every population quantity is unchanged."""
+    head = delta[:, :, : k + 1]
+    _, rfac = torch.linalg.qr(delta[:, :, k + 1:].transpose(1, 2))  # restᵀ = Q R
+    return torch.cat([head, rfac.transpose(1, 2)], -1).double().cpu().numpy()
+
+
+def _base_rows(inst, width: int) -> np.ndarray:
+    """(k, width) rows wⱼ in the canonical frame's first coordinates."""
+    w = np.zeros((inst.k, width))
+    w[:, : inst.k] = inst.w_factor
+    return w
+
+
+def true_loss(instances, delta: np.ndarray) -> np.ndarray:
+    """(R, C) exact E(f* − f̂)² of the networks with rows (wⱼ + Δⱼ)/‖wⱼ + Δⱼ‖, λ̂ = λ.
+
+    delta : (R, C, k, D) Δ in a basis whose first k+1 coordinates are the canonical ones
+    (span W, e), D ≥ k + 1. NaN entries give NaN."""
+    runs, cps = delta.shape[:2]
+    out = np.full((runs, cps), np.nan)
+    ok = np.isfinite(delta).all((2, 3))
+    for inst, idx in group_runs(instances):
+        rows = _base_rows(inst, delta.shape[-1]) + delta[idx]
+        rows = rows / np.linalg.norm(rows, axis=-1, keepdims=True)
+        loss = network_loss(inst, np.where(ok[idx][..., None, None], rows, 0.0), inst.lam)
+        out[idx] = np.where(ok[idx], loss, np.nan)
+    return out
+
+
+def linear_loss(instances, delta: np.ndarray, *, seed: int, size: int) -> np.ndarray:
+    """(R, C) Monte Carlo E(f* − f_lin)² on one fixed set of ``size`` examples.
+
+    delta as in :func:`true_loss`; the evaluation set, (size, D) standard normals from the
+    stream (seed, 0, ``eval``), is x's coordinates in that basis (exact in law: x is
+    isotropic and f*, f_lin depend on x only through them)."""
+    runs, cps, k, width = delta.shape
+    xs = torch.as_tensor(np.random.default_rng(run_seed(seed, 0, "eval"))
+                         .standard_normal((size, width)))
+    out = np.full((runs, cps), np.nan)
+    block = max(1, _EVAL_BLOCK // (size * k))
+    for inst, idx in group_runs(instances):
+        act, lam = inst.activation, torch.as_tensor(inst.lam)
+        lt = torch.as_tensor(inst.w_factor).T
+        z = xs[:, :k] @ lt
+        u_dot = xs[:, :k] @ torch.as_tensor(inst.u_w) + inst.u_perp * xs[:, k]
+        t_pre = (z + inst.xi * torch.as_tensor(inst.c) * u_dot[:, None]) / torch.as_tensor(
+            inst.teacher_norms())
+        resid0 = act.fn(t_pre) @ lam - act.fn(z) @ lam  # f* − f₀
+        beta = act.deriv(z) * lam
+        for r in idx:
+            dr = torch.as_tensor(np.array(delta[r]))  # (C, k, D)
+            wd = (dr[:, :, :k] * torch.as_tensor(inst.w_factor)).sum(-1)  # (C, k) ⟨wⱼ, Δⱼ⟩
+            for j0 in range(0, cps, block):
+                sl = slice(j0, j0 + block)
+                lin = torch.einsum("nd,ckd->cnk", xs, dr[sl]) - z * wd[sl, None, :]
+                res = resid0 - (lin * beta).sum(-1)
+                out[r, sl] = (res * res).mean(-1).numpy()
+    return out
+
+
+def _trajectory(result: RunResult, overlap, delta, c_ov, seed: int, eval_size: int):
+    """The Trajectory of either parameterisation from Δ (R, C, k, D) in a reduced basis."""
+    insts = result.instances
+    extra = {"loss_linear": linear_loss(insts, delta, seed=seed, size=eval_size),
+             "delta_norm": np.sqrt(np.square(delta).sum((2, 3)))}
+    return make_trajectory(result, overlap, true_loss(insts, delta), loss_kind="exact",
+                           c_overlap=c_ov, extra=extra)
