@@ -65,7 +65,10 @@ class RunConfig:
         σ(⟨wᵢ ± ξ/√k û, x⟩/norm) (App. F.2) at every checkpoint; records ``refit_loss``.
     refit_samples : examples of the least-squares refit.
     rank : r, the rank of the teacher's perturbation ξCUᵀ and of the student's ξĈÛᵀ
-        (``lora`` learner; 1 = the paper's model).
+        (``lora`` learner; 1 = the paper's model). The rank-r teacher (C, its spectrum, Ĉ) is
+        set by the instance spec keys ``C``, ``spectrum``, ``C_hat``
+        (``dynamics.lora_instance``).
+    retraction : Stiefel retraction of ``lora``: ``polar`` (default) or ``qr``.
     """
 
     instance: dict
@@ -99,6 +102,7 @@ class RunConfig:
     refit: bool = False
     refit_samples: int = 20_000
     rank: int = 1
+    retraction: str = "polar"
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> RunConfig:
@@ -131,6 +135,7 @@ class RunConfig:
                             ("engine", ENGINES), ("instance_seeds", ("shared", "per_run")),
                             ("dtype", ("float64", "float32")),
                             ("sparse_select", SPARSE_SELECTIONS),
+                            ("retraction", ("polar", "qr")),
                             ("device", ("cpu", "cuda", "auto"))):
             if getattr(self, name) not in valid:
                 raise ConfigError(name, f"must be one of {', '.join(valid)}, "

@@ -11,7 +11,8 @@ u = (u_w, √(1 − u_alpha²), 0, …) with ‖u_w‖ = u_alpha = ‖Π_W u‖.
 vectors λ, c, ĉ enter the law of every trajectory.
 
 Spec keys (JSON or TOML): ``activation, k, d, xi, W | gram, lam, c, c_hat, u_alpha, seed,
-convention``.
+convention``, and the rank-r keys ``C, spectrum, C_hat`` (``dynamics.lora_instance``; only the
+``lora`` learner reads them, and they are kept in the resolved spec).
 
 ``convention`` (default ``unit``, the model above) may name the paper's App. B simulation
 convention instead: f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩) with the fixed row scale
@@ -50,7 +51,8 @@ __all__ = [
 ]
 
 SPEC_KEYS = ("activation", "k", "d", "xi", "W", "gram", "lam", "c", "c_hat", "u_alpha", "seed",
-             "convention")
+             "convention", "C", "spectrum", "C_hat")
+RANK_KEYS = ("C", "spectrum", "C_hat")  # rank-r teacher keys, read by dynamics.lora_instance
 CONVENTIONS = ("unit", "appB", "appB-sqrt")
 W_GENERATORS = ("orthonormal", "separated", "claim2")
 LAM_GENERATORS = ("ones", "uniform", "random_sign")
@@ -358,7 +360,7 @@ def build_instance(spec: dict) -> Instance:
         "W": w_name, "lam": lam_name, "c": c_name, "c_hat": ch_name, "convention": convention,
         "values": {"gram": gram.tolist(), "lam": lam.tolist(), "c": c.tolist(),
                    "c_hat": c_hat.tolist(), "u_w": u_w.tolist()},
-    }
+    } | {key: spec[key] for key in RANK_KEYS if key in spec}
     return Instance(act, k, d, xi, gram, basis_factor, u_w, lam, c, c_hat, seed,
                     resolved, diagnostics, convention)
 

@@ -347,8 +347,8 @@ def test_rank_keys_may_not_be_given_twice():
     (dict(rank=2, instance={"d": 7}), "d ≥ k"),
     (dict(rank=2, extra={"C": "spectrum"}), "spectrum"),
     (dict(rank=2, instance={"c": [0.5, 0.5, 0.5, 0.5, 0.0]}), "explicit"),
-    (dict(rank=2, extra={"retraction": "cayley"}), "retraction"),
-    (dict(rank=2, engine="reduced"), "full engine"),
+    (dict(rank=2, retraction="cayley"), "retraction"),
+    (dict(rank=2, engine="reduced", project=False), "rank-r chain does not cover"),
 ])
 def test_bad_configs_raise_config_error(kw, match):
     with pytest.raises(ConfigError, match=match):

@@ -86,7 +86,7 @@ class LoRATerms:
 
 
 def _retraction(config) -> str:
-    name = (config.extra or {}).get("retraction", "polar")
+    name = config.retraction
     if name not in stiefel.RETRACTIONS:
         raise ConfigError("retraction", f"must be one of {', '.join(stiefel.RETRACTIONS)}, "
                                         f"got {name!r}")
@@ -133,14 +133,17 @@ class LoRA(Learner):
     @classmethod
     def check(cls, config, instance) -> None:
         """Rank-r keys valid for ``instance`` (``lora_instance``), a known retraction, and the
-        full engine (the rank-r chain has no reduced engine)."""
+        engine (``reduced`` only where the rank-r chain is exact)."""
         from ..lora_instance import build_lora_instance
 
         build_lora_instance(instance, config.rank, lora_options(config))
         _retraction(config)
         if config.engine == "reduced":
-            raise ConfigError("engine", "learner 'lora' runs on the full engine only "
-                                        "(use engine = full or auto)")
+            from ..reduced.rank_simulate import rank_supported
+
+            ok, why = rank_supported(config)
+            if not ok:
+                raise ConfigError("engine", why)
 
     @classmethod
     def from_config(cls, config, problem: Problem) -> LoRA:

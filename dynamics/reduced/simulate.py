@@ -18,7 +18,7 @@ from ..observables import (
 )
 from ..sampling import resolve_device, resolve_dtype, run_seed
 from ..trajectory import Trajectory, checkpoint_steps
-from . import _kernel, glm_chain, torch_chain
+from . import _kernel, glm_chain, rank_simulate, torch_chain
 from .params import ChainParams, pack_instances
 
 __all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced",
@@ -33,16 +33,19 @@ def reduced_supported(config: RunConfig) -> tuple[bool, str]:
 
     Every ``finetune`` setting reduces exactly (projected or not, ĉ frozen or joint, any b,
     label noise, any W, u); so does every ``glm`` setting whose σ has a compiled version
-    (:mod:`.glm_chain`); other learners have no finite-state reduction here.
+    (:mod:`.glm_chain`), and ``lora`` when projected with b = 1 and U ⊥ span W
+    (:mod:`.rank_simulate`); other learners have no finite-state reduction here.
     """
     if config.instance.get("convention", "unit") != "unit":
         return False, ("reduced engine: the App. B conventions (fixed row scale) are not "
                        "reduced; use --engine full")
     if config.learner == "glm":
         return glm_chain.glm_supported(config)
+    if config.learner == "lora":
+        return rank_simulate.rank_supported(config)
     if config.learner != "finetune":
         return False, (f"reduced engine: learner {config.learner!r} has no exact finite-state "
-                       "reduction (only 'finetune' and 'glm')")
+                       "reduction (only 'finetune', 'glm' and 'lora')")
     return True, ""
 
 
@@ -140,6 +143,8 @@ def simulate_reduced(config: RunConfig, *, backend: str | None = None,
         raise ValueError(why)
     if config.learner == "glm":
         return glm_chain.simulate_glm(config, backend=backend, _chi2_dof=_chi2_dof)
+    if config.learner == "lora":
+        return rank_simulate.simulate_rank_reduced(config)
     instances = config.run_instances()
     params = pack_instances(instances)
     backend, device = _choose_backend(config, backend, instances[0].activation.name)
@@ -178,6 +183,8 @@ def first_passage_reduced(config: RunConfig, level: float, max_steps: int | None
     if config.learner == "glm":
         return glm_chain.first_passage_glm(config, level, max_steps, absolute=absolute,
                                            backend=backend)
+    if config.learner == "lora":  # all r singular values ≥ level (absolute by nature)
+        return rank_simulate.first_passage_rank(config, level, max_steps)
     instances = config.run_instances()
     params = pack_instances(instances)
     backend, device = _choose_backend(config, backend, instances[0].activation.name)

@@ -1,0 +1,146 @@
+"""The reduced engine for the rank-r ``lora`` learner: drives :mod:`.rank_chain` (numba).
+
+Exact where the chain's derivation holds: projected Û, U ⊥ span W (u_alpha = 0), b = 1, unit
+rows. The trajectory is assembled by the full learner's own ``trajectory`` from the recorded
+overlap matrices M (R, C, r, r) (and Ĉ when trained), so both engines report the same
+observables, theory (matrix ODE) included.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import torch
+
+from ..activations_numba import act_code
+from ..sampling import run_seed
+from ..trajectory import Trajectory, checkpoint_steps
+from . import rank_chain
+
+__all__ = ["rank_supported", "simulate_rank_reduced", "first_passage_rank"]
+
+
+def rank_supported(config) -> tuple[bool, str]:
+    """(True, "") when the rank-r chain is exact for this ``lora`` config, else a reason."""
+    why = []
+    if not config.project:
+        why.append("unprojected Û")
+    if config.batch != 1:
+        why.append("mini-batches (b > 1)")
+    if float(config.instance.get("u_alpha", 0.0) or 0.0) != 0.0:
+        why.append("U with a component in span W (u_alpha > 0)")
+    if act_code(str(config.instance.get("activation"))) is None:
+        why.append(f"activation {config.instance.get('activation')!r} (no compiled version)")
+    if why:
+        return False, ("reduced engine: the rank-r chain does not cover " + ", ".join(why)
+                       + "; use --engine full")
+    return True, ""
+
+
+def _setup(config):
+    from ..learners import Problem
+    from ..learners.lora import LoRA
+    from ..lora_instance import run_lora_instances
+
+    ok, why = rank_supported(config)
+    if not ok:
+        raise ValueError(why)
+    instances = config.run_instances()
+    linst = run_lora_instances(config, instances)
+    problem = Problem.from_instances(instances, torch.device("cpu"), torch.float64)
+    learner = LoRA(problem, linst, eta=config.eta, eta_c=config.step_size_c, project=True,
+                   joint_c=config.joint_c, batch=1, label_noise=config.label_noise,
+                   prox=config.prox, retraction=config.retraction)
+    uniq: dict[int, int] = {}
+    order = []
+    idx = np.empty(len(linst), dtype=np.int64)
+    for r, li in enumerate(linst):
+        if id(li) not in uniq:
+            uniq[id(li)] = len(order)
+            order.append(li)
+        idx[r] = uniq[id(li)]
+    k = order[0].k
+    arrays = {
+        "L": np.stack([np.asarray(li.w_factor, float) for li in order]),
+        "ident": np.array([np.array_equal(li.w_factor, np.eye(k)) for li in order]),
+        "lam": np.stack([np.asarray(li.lam, float) for li in order]),
+        "C": np.stack([np.asarray(li.C, float) for li in order]),
+        "tnorm": np.stack([np.asarray(li.teacher_norms(), float) for li in order]),
+        "xi": np.array([li.xi for li in order], dtype=float),
+        "idx": idx,
+        "chat": np.stack([np.asarray(li.C_hat, float) for li in linst]),
+    }
+    return instances, linst, learner, arrays
+
+
+def _initial(config, linst, learner):
+    """(states, M₀, B₀): Haar frames by (Q5), sign-flipped like the full learner if aligned."""
+    runs, r, d, k = config.runs, linst[0].rank, linst[0].d, linst[0].k
+    states = np.zeros(runs, dtype=np.uint64)
+    m0, b0 = np.empty((runs, r, r)), np.empty((runs, r, r))
+    rank_chain.init_runs(run_seed(config.seed, 0, "data"), d - k, states, m0, b0)
+    if config.init == "aligned":
+        import hermite
+
+        for r_ in range(runs):
+            a0 = hermite.A_matrix(linst[r_], np.zeros((r, r)))
+            if np.einsum("ab,ab->", m0[r_], a0) < 0:
+                m0[r_] *= -1.0
+    return states, m0, b0
+
+
+def _advance(config, linst, arrays, states, m, b, cp, n_steps, stop_level=math.inf):
+    runs, r, k = config.runs, linst[0].rank, linst[0].k
+    code, hp = act_code(linst[0].activation.name)
+    cp_m = np.full((runs, len(cp), r, r), np.nan)
+    cp_chat = np.full((runs, len(cp), k, r) if config.joint_c else (runs, 0, k, r), np.nan)
+    div = np.full(runs, -1, dtype=np.int64)
+    hit = np.full(runs, -1, dtype=np.int64)
+    chat = arrays["chat"].copy()
+    with numba.parallel_chunksize(1):
+        rank_chain.advance(
+            arrays["L"], arrays["ident"], arrays["lam"], arrays["C"], arrays["tnorm"],
+            arrays["xi"], arrays["idx"], chat, config.joint_c, code, hp,
+            linst[0].d - k - 2 * r, float(config.eta), float(config.step_size_c),
+            math.sqrt(config.label_noise), rank_chain.RETRACTIONS[config.retraction], states,
+            m, b, int(n_steps), np.asarray(cp, dtype=np.int64), cp_m, cp_chat, div,
+            float(stop_level), hit)
+    return cp_m, (cp_chat if config.joint_c else None), div, hit
+
+
+def simulate_rank_reduced(config) -> Trajectory:
+    """Simulate a ``lora`` config on the rank-r chain; the same Trajectory as the full engine
+    (float64 always)."""
+    from ..learners import RunResult
+
+    instances, linst, learner, arrays = _setup(config)
+    states, m, b = _initial(config, linst, learner)
+    import hermite
+
+    m0 = hermite.signed_smallest(m)
+    steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
+    cp_m, cp_chat, div, _ = _advance(config, linst, arrays, states, m, b, steps,
+                                     int(steps[-1]))
+    records = {"overlap_matrix": cp_m} | ({"c_hat": cp_chat} if cp_chat is not None else {})
+    result = RunResult(config, instances, steps, records, div, m0, torch.device("cpu"),
+                       engine="reduced")
+    traj = learner.trajectory(result)
+    traj.dtype = "float64"
+    return traj
+
+
+def first_passage_rank(config, level: float, max_steps: int | None = None) -> np.ndarray:
+    """(R,) first step at which every singular value of M is ≥ ``level`` (all r directions
+    recovered), NaN if not by ``max_steps``; each run stops at its hit."""
+    _instances, linst, learner, arrays = _setup(config)
+    states, m, b = _initial(config, linst, learner)
+    start = np.linalg.svd(m, compute_uv=False).min(-1) >= level
+    n = int(config.steps if max_steps is None else max_steps)
+    _, _, _, hit = _advance(config, linst, arrays, states, m, b, np.zeros(0, np.int64), n,
+                            float(level))
+    out = hit.astype(float)
+    out[hit < 0] = np.nan
+    out[start] = 0.0
+    return out
