@@ -47,10 +47,10 @@ from numba import njit, prange
 from ..activations_numba import sigma, sigma_and_deriv
 from . import _rng
 
-__all__ = ["RETRACTIONS", "init_runs", "advance", "singular_values", "step_given"]
+__all__ = ["RETRACTIONS", "init_runs", "advance", "singular_values", "step_given", "scratch"]
 
 RETRACTIONS = {"qr": 0, "polar": 1}
-SV_TOL = 1e-9  # a singular value of M above 1 + SV_TOL counts as divergence
+SV_TOL = 1e-9  # ‖M‖_F² > r(1 + SV_TOL) counts as divergence (σ(M) ≤ 1 on the manifold)
 
 
 @njit(cache=True)
@@ -71,27 +71,6 @@ def _sym_sqrt(h, inverse):
 @njit(cache=True)
 def _gram(a):
     return a.T @ a
-
-
-@njit(cache=True)
-def _mgs(y):
-    """Q factor of y (n×r, full column rank) with positive diag(R), by modified Gram–Schmidt."""
-    q = y.copy()
-    n, r = y.shape
-    for j in range(r):
-        for i in range(j):
-            dot = 0.0
-            for p in range(n):
-                dot += q[p, i] * q[p, j]
-            for p in range(n):
-                q[p, j] -= dot * q[p, i]
-        nrm = 0.0
-        for p in range(n):
-            nrm += q[p, j] * q[p, j]
-        nrm = math.sqrt(nrm)
-        for p in range(n):
-            q[p, j] /= nrm
-    return q
 
 
 @njit(cache=True)
@@ -136,41 +115,154 @@ def init_runs(seed, n_perp, states, m_out, b_out):
         states[run] = st
 
 
-@njit(cache=True)
-def step_given(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retraction,
-               m, b, z, a, bv, rho, eps):
-    """One step (Q1)–(Q4) on given variates; returns (M′, B′, Ĉ′) (Ĉ′ = Ĉ when frozen).
+N_SCRATCH_R = 4  # (r,)-vectors in the scratch: s, g and spares
+NEWTON_MAX = 40  # Newton–Schulz iterations of the polar factor before falling back to eigh
 
-    z (k,) = Wx; a, bv (r,); rho = ‖rest of Πx‖; eps label noise. ``tc`` = C (k×r) and
-    ``tnorm`` (k,) = teacher norms Nᵢ.
-    """
+
+@njit(cache=True)
+def scratch(k, r):
+    """Per-run work arrays of :func:`_step` (the hot loop allocates nothing)."""
+    n = 2 * r + 1
+    return (np.empty((N_SCRATCH_R, r)), np.empty((3, k)), np.empty((k, r)), np.empty(n),
+            np.empty((n, r)), np.empty((4, r, r)), np.empty((r + 1, r)))
+
+
+@njit(cache=True)
+def _matmul_into(a, b, out):
+    n, m = a.shape
+    p = b.shape[1]
+    for i in range(n):
+        for j in range(p):
+            acc = 0.0
+            for q in range(m):
+                acc += a[i, q] * b[q, j]
+            out[i, j] = acc
+
+
+@njit(cache=True)
+def _inv_sqrt_newton(s_mat, work):
+    """S^{−1/2} of an SPD r×r matrix near I by the coupled Newton–Schulz iteration, written
+    into work[1]; False if it does not converge (the caller then uses eigh)."""
+    r = s_mat.shape[0]
+    y, z, t, u = work[0], work[1], work[2], work[3]
+    for i in range(r):
+        for j in range(r):
+            y[i, j] = s_mat[i, j]
+            z[i, j] = 1.0 if i == j else 0.0
+    for _ in range(NEWTON_MAX):
+        _matmul_into(z, y, t)  # T = Z Y → I
+        err = 0.0
+        for i in range(r):
+            for j in range(r):
+                e = t[i, j] - (1.0 if i == j else 0.0)
+                err = max(err, abs(e))
+                t[i, j] = (3.0 if i == j else 0.0) - t[i, j]  # 3I − ZY
+        if err < 4e-16 * r:
+            return True
+        if not err < 0.5:  # outside the basin (or NaN): give up
+            return False
+        _matmul_into(y, t, u)  # Y ← Y(3I − ZY)/2
+        for i in range(r):
+            for j in range(r):
+                y[i, j] = 0.5 * u[i, j]
+        _matmul_into(t, z, u)  # Z ← (3I − ZY)Z/2
+        for i in range(r):
+            for j in range(r):
+                z[i, j] = 0.5 * u[i, j]
+    return False
+
+
+@njit(cache=True)
+def _r_factor(v, b_out):
+    """R of v = QR by modified Gram–Schmidt (v is overwritten by Q, diag(R) ≥ 0): RᵀR = vᵀv,
+    and any B with that Gram represents the orbit (Q2). A degenerate column gives a zero
+    diagonal entry and a zero column of Q."""
+    n, r = v.shape
+    for i in range(r):
+        for j in range(r):
+            b_out[i, j] = 0.0
+    for j in range(r):
+        for i in range(j):
+            dot = 0.0
+            for p in range(n):
+                dot += v[p, i] * v[p, j]
+            b_out[i, j] = dot
+            for p in range(n):
+                v[p, j] -= dot * v[p, i]
+        nrm = 0.0
+        for p in range(n):
+            nrm += v[p, j] * v[p, j]
+        nrm = math.sqrt(nrm)
+        b_out[j, j] = nrm
+        inv = 1.0 / nrm if nrm > 1e-300 else 0.0
+        for p in range(n):
+            v[p, j] *= inv
+
+
+@njit(cache=True)
+def _min_sv_at_least(m, level, work):
+    """Whether σ_min(M) ≥ level, i.e. MᵀM − level²·I is positive semi-definite (Cholesky)."""
+    r = m.shape[0]
+    a = work[0]
+    for i in range(r):
+        for j in range(r):
+            acc = 0.0
+            for p in range(r):
+                acc += m[p, i] * m[p, j]
+            a[i, j] = acc - (level * level if i == j else 0.0)
+    for j in range(r):
+        d = a[j, j]
+        for p in range(j):
+            d -= a[j, p] * a[j, p]
+        if d < 0.0:
+            return False
+        d = math.sqrt(d)
+        a[j, j] = d
+        for i in range(j + 1, r):
+            acc = a[i, j]
+            for p in range(j):
+                acc -= a[i, p] * a[j, p]
+            a[i, j] = acc / d if d > 0.0 else 0.0
+    return True
+
+
+@njit(cache=True)
+def _step(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retraction,
+          m, b, z, a, bv, rho, eps, vr, vk, gc, xv, y, rr, vv):
+    """One step (Q1)–(Q4) in place: M, B and (joint) Ĉ are updated. Scratch from
+    :func:`scratch`. z (k,) standard normals (Wx = Lz); a, bv (r,); rho = ‖rest of Πx‖;
+    eps the label noise; ``tc`` = C (k×r); ``tnorm`` (k,) the teacher norms Nᵢ."""
     k, r = chat.shape
-    s = m.T @ a + b.T @ bv
-    nh = np.empty(k)
-    for j in range(k):
+    n = 2 * r + 1
+    s, g = vr[0], vr[1]
+    nh, ahat, sd = vk[0], vk[1], vk[2]
+    for q in range(r):
+        acc = 0.0
+        for p in range(r):
+            acc += m[p, q] * a[p] + b[p, q] * bv[p]
+        s[q] = acc  # s = Mᵀa + Bᵀb = Ûᵀx
+        g[q] = 0.0
+    resid = eps
+    for i in range(k):
         acc = 0.0
         for q in range(r):
-            acc += chat[j, q] * chat[j, q]
-        nh[j] = math.sqrt(1.0 + xi * xi * acc)
-    if ident:
-        wz = z
-    else:
-        wz = L @ z
-    resid = eps
-    ahat = np.empty(k)
-    sd = np.empty(k)
-    for i in range(k):
+            acc += chat[i, q] * chat[i, q]
+        nh[i] = math.sqrt(1.0 + xi * xi * acc)
+        if ident:
+            wzi = z[i]
+        else:
+            wzi = 0.0
+            for j in range(k):
+                wzi += L[i, j] * z[j]
         ta = 0.0
         sa = 0.0
         for q in range(r):
             ta += tc[i, q] * a[q]
             sa += chat[i, q] * s[q]
-        resid += lam[i] * sigma((wz[i] + xi * ta) / tnorm[i], code, hp)
-        ahat[i] = (wz[i] + xi * sa) / nh[i]
+        resid += lam[i] * sigma((wzi + xi * ta) / tnorm[i], code, hp)
+        ahat[i] = (wzi + xi * sa) / nh[i]
         sv, sd[i] = sigma_and_deriv(ahat[i], code, hp)
         resid -= lam[i] * sv
-    g = np.zeros(r)
-    gc = np.zeros((k, r))
     for j in range(k):
         delta = -2.0 * resid * lam[j] * sd[j]
         for q in range(r):
@@ -178,31 +270,73 @@ def step_given(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, 
             if joint:
                 gc[j, q] = delta * (xi * s[q] / nh[j] - ahat[j] * xi * xi * chat[j, q]
                                     / (nh[j] * nh[j]))
-    # (Q3): Y = X − η(ξₓgᵀ − X sym(s gᵀ)) in the basis (U, Q, r̂)
-    n = 2 * r + 1
-    x = np.zeros((n, r))
-    xv = np.empty(n)
+    # (Q3): Y = X − η(ξₓgᵀ − X sym(s gᵀ)), X = [M; B; 0] in the basis (U, Q, r̂)
+    sym = rr[0]
     for p in range(r):
         xv[p] = a[p]
         xv[r + p] = bv[p]
         for q in range(r):
-            x[p, q] = m[p, q]
-            x[r + p, q] = b[p, q]
+            sym[p, q] = 0.5 * (s[p] * g[q] + g[p] * s[q])
     xv[2 * r] = rho
-    sym = np.empty((r, r))
+    for p in range(n):
+        for q in range(r):
+            acc = 0.0
+            xpq = 0.0
+            if p < r:
+                xpq = m[p, q]
+                for l_ in range(r):
+                    acc += m[p, l_] * sym[l_, q]
+            elif p < 2 * r:
+                xpq = b[p - r, q]
+                for l_ in range(r):
+                    acc += b[p - r, l_] * sym[l_, q]
+            y[p, q] = xpq - eta * (xv[p] * g[q] - acc)
+    # (Q4): retraction in coefficient space
+    if retraction == 0:
+        _r_factor(y, rr[3])  # y ← Q factor with diag(R) > 0
+    else:
+        gram = rr[3]
+        for p in range(r):
+            for q in range(r):
+                acc = 0.0
+                for l_ in range(n):
+                    acc += y[l_, p] * y[l_, q]
+                gram[p, q] = acc
+        if _inv_sqrt_newton(gram, rr):
+            inv = rr[1]
+        else:
+            inv = _sym_sqrt(gram, True)
+        for p in range(n):
+            for q in range(r):
+                acc = 0.0
+                for l_ in range(r):
+                    acc += y[p, l_] * inv[l_, q]
+                vr[2, q] = acc  # row p of Y S^{−1/2}, staged
+            for q in range(r):
+                y[p, q] = vr[2, q]
     for p in range(r):
         for q in range(r):
-            sym[p, q] = 0.5 * (s[p] * g[q] + g[p] * s[q])
-    y = x - eta * (np.outer(xv, g) - x @ sym)
-    if retraction == 0:
-        xn = _mgs(y)
-    else:
-        xn = y @ _sym_sqrt(_gram(y), True)
-    m_new = np.ascontiguousarray(xn[:r])
-    v = np.ascontiguousarray(xn[r:])
-    b_new = _sym_sqrt(_gram(v), False)
-    c_new = chat - eta_c * gc if joint else chat
-    return m_new, b_new, c_new
+            m[p, q] = y[p, q]
+    for p in range(r + 1):
+        for q in range(r):
+            vv[p, q] = y[r + p, q]
+    _r_factor(vv, b)
+    if joint:
+        for j in range(k):
+            for q in range(r):
+                chat[j, q] -= eta_c * gc[j, q]
+
+
+def step_given(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retraction,
+               m, b, z, a, bv, rho, eps):
+    """One step (Q1)–(Q4) on given variates (tests): new (M′, B′, Ĉ′), inputs untouched."""
+    m, b = np.array(m, dtype=np.float64), np.array(b, dtype=np.float64)
+    chat = np.array(chat, dtype=np.float64)
+    k, r = chat.shape
+    _step(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retraction, m, b,
+          np.asarray(z, np.float64), np.asarray(a, np.float64), np.asarray(bv, np.float64),
+          float(rho), float(eps), *scratch(k, r))
+    return m, b, chat
 
 
 @njit(cache=True)
@@ -215,7 +349,12 @@ def _run_one(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, dof, eta, eta_
     z = np.empty(k)
     a = np.empty(r)
     bv = np.empty(r)
+    vr, vk, gc, xv, y, rr, vv = scratch(k, r)
+    m_old = np.empty((r, r))
+    b_old = np.empty((r, r))
+    c_old = np.empty((k, r))
     use_stop = math.isfinite(stop_level)
+    bound = r * (1.0 + SV_TOL)  # ‖M‖_F² ≤ r: M is a block of an orthonormal frame
     c = 0
     t = 0
     div_step = -1
@@ -239,16 +378,32 @@ def _run_one(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, dof, eta, eta_
             e, st = _rng.normal(st)
             eps = noise_sd * e
         q2, st = _rng.chi2_prepared(chi2_prep, st)
-        m2, b2, c2 = step_given(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c,
-                                retraction, m, b, z, a, bv, math.sqrt(q2), eps)
+        m_old[:] = m
+        b_old[:] = b
+        if joint:
+            c_old[:] = chat
+        _step(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retraction, m,
+              b, z, a, bv, math.sqrt(q2), eps, vr, vk, gc, xv, y, rr, vv)
         t += 1
-        sv = singular_values(m2)
-        ok = np.all(np.isfinite(m2)) and np.all(np.isfinite(b2)) and np.all(np.isfinite(c2))
-        if not ok or sv[0] > 1.0 + SV_TOL:
-            div_step = t
+        fro = 0.0
+        ok = True
+        for p in range(r):
+            for q in range(r):
+                fro += m[p, q] * m[p, q]
+                ok = ok and math.isfinite(b[p, q])
+        if joint:
+            for j in range(k):
+                for q in range(r):
+                    ok = ok and math.isfinite(chat[j, q])
+        if not (ok and fro <= bound):  # a NaN fails the comparison too
+            div_step = t  # frozen at the last valid state
+            m[:] = m_old
+            b[:] = b_old
+            if joint:
+                chat[:] = c_old
             continue
-        m, b, chat = m2, b2, c2
-        if use_stop and sv[r - 1] >= stop_level:
+        if use_stop and fro >= r * stop_level * stop_level and _min_sv_at_least(
+                m, stop_level, rr):
             hit_step = t
     while c < n_cp:  # frozen (diverged or stopped) runs keep their last state
         cp_m[run, c] = m
