@@ -117,3 +117,62 @@ def test_initial_law_is_haar(r):
     m_wrong = haar(n_perp + 6)[:, :r, :]
     sv_wrong = np.linalg.svd(m_wrong, compute_uv=False)
     assert stats.ks_2samp(sv_chain[:, 0], sv_wrong[:, 0]).pvalue < 1e-6
+
+
+def _lora_config(engine, act, joint, runs, retraction="polar", d=40):
+    from dynamics.config import RunConfig
+
+    spec = {"activation": act, "k": 4, "d": d, "xi": 1.0, "seed": 3, "W": "separated",
+            "c": "gaussian", "c_hat": "gaussian", "C": "spectrum", "spectrum": [1.5, 1.0]}
+    return RunConfig(instance=spec, learner="lora", rank=2, eta=0.6 / d, steps=1500,
+                     runs=runs, seed=11, joint_c=joint, engine=engine, checkpoints=6,
+                     spacing="linear", retraction=retraction).validate()
+
+
+@pytest.mark.parametrize("act, joint, retraction", [("relu", False, "polar"),
+                                                    ("he3", True, "qr")])
+def test_reduced_rank_engine_has_the_law_of_the_full_learner(act, joint, retraction):
+    """Two-sample KS (Bonferroni over checkpoints × singular values, 1%) and means within
+    4 SE: reduced chain vs the full ``lora`` learner at d = 40, r = 2."""
+    from dynamics.engine import simulate
+
+    runs = 384
+    full = simulate(_lora_config("full", act, joint, runs, retraction))
+    red = simulate(_lora_config("reduced", act, joint, runs, retraction))
+    assert red.engine == "reduced" and full.engine == "full"
+    sv_f, sv_r = full.extra["singular_values"], red.extra["singular_values"]
+    tests = [(sv_f[:, c, a], sv_r[:, c, a]) for c in range(1, sv_f.shape[1])
+             for a in range(2)]
+    if joint:
+        tests += [(full.c_overlap[:, c], red.c_overlap[:, c])
+                  for c in range(1, full.c_overlap.shape[1])]
+    pvals = [stats.ks_2samp(a, b).pvalue for a, b in tests]
+    assert min(pvals) > 0.01 / len(pvals), min(pvals)
+    for a, b in tests:
+        se = np.sqrt(a.var() / a.size + b.var() / b.size)
+        assert abs(a.mean() - b.mean()) < 4 * se + 1e-12
+    # the singular values really moved (the test compares a non-trivial law)
+    assert np.median(sv_f[:, -1, 0]) > np.median(sv_f[:, 0, 0]) + 0.05
+
+
+def test_reduced_rank_law_test_has_power(monkeypatch):
+    """The same comparison rejects a chain with a wrong χ² law (χ²_d instead of
+    χ²_{d−k−2r}, at small d): the test above can fail."""
+    from dynamics.engine import simulate
+    from dynamics.reduced import rank_simulate
+
+    runs = 384
+    full = simulate(_lora_config("full", "relu", False, runs, d=12))
+    real_advance = rank_chain.advance
+
+    def wrong_dof(*args):
+        args = list(args)
+        args[11] = 12  # χ²_d, d = 12
+        return real_advance(*args)
+
+    monkeypatch.setattr(rank_simulate.rank_chain, "advance", wrong_dof)
+    red = simulate(_lora_config("reduced", "relu", False, runs, d=12))
+    sv_f, sv_r = full.extra["singular_values"], red.extra["singular_values"]
+    pvals = [stats.ks_2samp(sv_f[:, c, a], sv_r[:, c, a]).pvalue
+             for c in range(1, sv_f.shape[1]) for a in range(2)]
+    assert min(pvals) < 1e-4
