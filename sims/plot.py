@@ -6,6 +6,13 @@ over runs with its 10–90 % band (or every run), the population-ODE prediction 
 noise-corrected (finite-d) ODE dash-dotted where the file has them, colours by ``hue``, one
 panel per value of ``facet``. What all curves share goes in the title; what differs goes in
 the legend.
+
+Quantities (``QUANTITIES``) come from Trajectory fields or from its ``extra`` arrays:
+``singular_values`` (lora, rank r: one curve per index a, marker per a, the matrix ODE
+dashed), ``loss_linear`` (linearized; the true loss of the learned weights dotted),
+``alignment`` (scratch, scratch-csq, sparse), ``refit_loss`` (finetune ``refit``; the
+population-optimal refit dashed, the base network's loss dotted), ``update_overlap`` (lora)
+and ``aligned_c_overlap`` = ⟨ĉ, c⟩/(‖ĉ‖‖c‖)·sign⟨û, u⟩ per run and checkpoint (rank 1).
 """
 
 from __future__ import annotations
@@ -22,16 +29,49 @@ from dynamics.trajectory import Trajectory
 from .io import read_trajectory
 from .sweep_io import SWEEP_FORMAT, file_format, read_sweep
 
-__all__ = ["Curve", "QUANTITIES", "X_UNITS", "TITLE_KEYS", "load_curves", "plot_curves",
-           "draw_panel", "legend", "describe", "wrap_title", "save_figure", "curve_attributes"]
+__all__ = ["Curve", "QUANTITIES", "NEEDS", "X_UNITS", "TITLE_KEYS", "load_curves",
+           "plot_curves", "draw_panel", "legend", "describe", "wrap_title", "save_figure",
+           "curve_attributes", "quantity_values", "aligned_c_overlap", "lacking"]
 
-# quantity → (y label, Trajectory attribute)
+# quantity → (y label, source: a Trajectory attribute, "extra:NAME", or "aligned" (computed))
 QUANTITIES = {
     "overlap": ("overlap ⟨û_t, u⟩", "overlap"),
     "abs_overlap": ("overlap |⟨û_t, u⟩|", "overlap"),
     "loss": ("population loss E(f* − f̂)²", "loss"),
     "c_overlap": ("⟨ĉ_t, c⟩ / ‖ĉ_t‖", "c_overlap"),
+    "singular_values": ("singular values σ_a(UᵀÛ_t) (cosines of principal angles)",
+                        "extra:singular_values"),
+    "loss_linear": ("linear-model loss E(f* − f̂_lin)²", "extra:loss_linear"),
+    "alignment": ("alignment: mean over teacher rows of |⟨vᵢ, ŵⱼ⟩|", "extra:alignment"),
+    "refit_loss": ("refit loss E(f* − aᵀφ)² (second layer refit on 2k features)",
+                   "extra:refit_loss"),
+    "update_overlap": ("⟨ĈÛᵀ, CUᵀ⟩_F / (‖Ĉ‖‖C‖)", "extra:update_overlap"),
+    "aligned_c_overlap": ("⟨ĉ_t, c⟩·sign⟨û_t, u⟩ / (‖ĉ_t‖‖c‖)", "aligned"),
 }
+# quantity → what a file must hold for it (the missing-data error's hint)
+NEEDS = {
+    "c_overlap": "needs joint ĉ", "aligned_c_overlap": "needs joint ĉ",
+    "singular_values": "needs a lora learner file",
+    "update_overlap": "needs a lora learner file",
+    "loss_linear": "needs a linearized learner file",
+    "alignment": "needs a scratch, scratch-csq or sparse learner file",
+    "refit_loss": "needs a finetune run with --refit",
+}
+# quantity → reference lines: (source, legend key, line style); median over runs, same colour
+REFERENCES = {
+    "singular_values": (("extra:ode_singular_values", "matrix_ode", "--"),),
+    "loss_linear": (("loss", "true_loss", ":"),),
+    "refit_loss": (("extra:refit_loss_population", "refit_population", "--"),
+                   ("extra:base_loss", "base_loss", ":")),
+}
+REFERENCE_LABELS = {
+    "matrix_ode": "matrix ODE (σ_a of its M_t)",
+    "true_loss": "true loss of the learned weights",
+    "refit_population": "population-optimal refit a = A⁺b",
+    "base_loss": "base network f₀",
+}
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
+SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 X_UNITS = {"steps": "SGD steps t", "steps/d": "SGD steps t / d",
            "eta*steps": "SGD time η·t (steps × step size)"}
 TITLE_KEYS = ("activation", "k", "d", "xi", "W", "learner", "eta", "variant")
@@ -156,13 +196,52 @@ def describe(curves) -> str:
 
 
 # ---------------------------------------------------------------- drawing
-def _values(curve: Curve, quantity: str) -> np.ndarray | None:
-    data = getattr(curve.traj, QUANTITIES[quantity][1])
+def _source(traj: Trajectory, source: str):
+    if source.startswith("extra:"):
+        return traj.extra.get(source[len("extra:"):])
+    return getattr(traj, source, None)
+
+
+def aligned_c_overlap(traj: Trajectory, source: str = "") -> np.ndarray | None:
+    """(R, C) ⟨ĉ, c⟩/(‖ĉ‖‖c‖)·sign⟨û, u⟩ per run and checkpoint (None without joint ĉ).
+
+    Runs that end at û ≈ −u with ĉ ≈ −c (the same function) count as aligned. Rank 1 only
+    (``overlap`` = ⟨û, u⟩); a recorded ``extra["aligned_c_overlap"]`` is used as is.
+    """
+    if "aligned_c_overlap" in traj.extra:
+        return np.asarray(traj.extra["aligned_c_overlap"], dtype=float)
+    if traj.c_overlap is None:
+        return None
+    sv = traj.extra.get("singular_values")
+    if sv is not None and np.shape(sv)[-1] > 1:
+        raise ValueError(f"quantity 'aligned_c_overlap' is defined for rank 1 only, {source} "
+                         f"has rank {np.shape(sv)[-1]} (plot update_overlap instead)")
+    return np.asarray(traj.c_overlap, dtype=float) * np.sign(np.asarray(traj.overlap, float))
+
+
+def _run_mask(curve: Curve):
+    ok = ~curve.traj.diverged
+    return ok if ok.any() else slice(None)
+
+
+def quantity_values(curve: Curve, quantity: str) -> np.ndarray | None:
+    """The plotted data of ``curve``: (R', C) (``singular_values``: (R', C, r)) over its
+    runs that never diverged (all runs if every one did); None if the file lacks it."""
+    source = QUANTITIES[quantity][1]
+    if source == "aligned":
+        data = aligned_c_overlap(curve.traj, curve.attrs.get("file") or curve.source)
+    else:
+        data = _source(curve.traj, source)
     if data is None:
         return None
-    ok = ~curve.traj.diverged
-    data = np.asarray(data, dtype=float)[ok if ok.any() else slice(None)]
+    data = np.asarray(data, dtype=float)[_run_mask(curve)]
     return np.abs(data) if quantity == "abs_overlap" else data
+
+
+
+def lacking(curves, quantity: str) -> list[Curve]:
+    """The curves that do not hold ``quantity``."""
+    return [c for c in curves if quantity_values(c, quantity) is None]
 
 
 def _x(curve: Curve, x: str) -> np.ndarray:
@@ -210,22 +289,61 @@ def _median_line(ax, xs, rows, keep, color, quantity, **style) -> bool:
     return True
 
 
-def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-") -> set | None:
-    """One curve on ``ax``: None if it lacks the quantity, else the theory lines drawn."""
-    data = _values(curve, quantity)
-    if data is None:
-        return None
-    xs = _x(curve, x)
-    keep = xs > 0 if xscale == "log" else np.ones_like(xs, dtype=bool)
-    xs, data = xs[keep], data[:, keep]
+def _band_median(ax, xs, data, color, label, style, ls, **marks):
+    """Median over runs of ``data`` (R, C) with its 10–90 % band (or every run)."""
     lo, med, hi = _nanpct(data, BAND)
     if style == "runs":
         for run in data:
             ax.plot(xs, run, color=color, lw=0.7, alpha=0.45, ls=ls)
     else:
         ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
-    ax.plot(xs, med, color=color, lw=2, label=label, ls=ls)
+    ax.plot(xs, med, color=color, lw=2, label=label, ls=ls, **marks)
+
+
+def _references(ax, curve, xs, keep, color, quantity, index=None, **marks) -> set:
+    """The quantity's reference lines (median over the plotted runs), dashed or dotted."""
+    drawn = set()
+    for source, key, ls in REFERENCES.get(quantity, ()):
+        rows = _source(curve.traj, source)
+        if rows is None:
+            continue
+        rows = np.asarray(rows, dtype=float)[_run_mask(curve)]
+        if rows.ndim == 1:  # one value per run (base_loss): a horizontal line
+            rows = np.repeat(rows[:, None], keep.size, axis=1)
+        rows = rows[:, keep] if index is None else rows[:, keep, index]
+        if not np.isfinite(rows).any():
+            continue
+        ax.plot(xs, _nanpct(rows, 50), color=color, lw=1.4, ls=ls, **marks)
+        drawn.add(key)
+    return drawn
+
+
+def _draw_singular_values(ax, curve, data, xs, keep, color, label, style, ls) -> set:
+    """One median (and band) per singular value σ_a, a = 1..r, marker per index."""
     theory = set()
+    every = max(1, xs.size // 8)
+    for a in range(data.shape[-1]):
+        name = "σ" + str(a + 1).translate(SUBSCRIPT)
+        lab = name if label == "_nolegend_" else f"{name}: {label}"
+        marks = {"marker": MARKERS[a % len(MARKERS)], "markevery": every, "markersize": 5}
+        _band_median(ax, xs, data[:, keep, a], color, lab, style, ls, **marks)
+        theory |= _references(ax, curve, xs, keep, color, "singular_values", a,
+                              markerfacecolor="none", **marks)
+    return theory
+
+
+def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-") -> set | None:
+    """One curve on ``ax``: None if it lacks the quantity, else the theory lines drawn."""
+    data = quantity_values(curve, quantity)
+    if data is None:
+        return None
+    xs = _x(curve, x)
+    keep = xs > 0 if xscale == "log" else np.ones_like(xs, dtype=bool)
+    xs = xs[keep]
+    if quantity == "singular_values":
+        return _draw_singular_values(ax, curve, data, xs, keep, color, label, style, ls)
+    _band_median(ax, xs, data[:, keep], color, label, style, ls)
+    theory = _references(ax, curve, xs, keep, color, quantity)
     if quantity in ("overlap", "abs_overlap"):
         t = curve.traj
         if _median_line(ax, xs, t.ode, keep, color, quantity, lw=1.4, ls="--"):
@@ -298,6 +416,10 @@ def legend(ax, handles=None, style="band", theory=(), **kwargs):
 
         extra.append(Patch(facecolor="none", edgecolor="grey", hatch="///",
                            label="theory band 10–90 % (linear noise)"))
+    for key, text in REFERENCE_LABELS.items():
+        if key in theory:
+            ls = next(r[2] for refs in REFERENCES.values() for r in refs if r[1] == key)
+            extra.append(Line2D([], [], color="grey", lw=1.4, ls=ls, label=f"{text} (median)"))
     kwargs.setdefault("fontsize", 7.5)
     kwargs.setdefault("loc", "best")
     return ax.legend(handles=list(handles) + extra, **kwargs)
@@ -339,6 +461,9 @@ def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "steps"
         n, lines = draw_panel(ax, members, quantity=quantity, x=x, xscale=xscale, yscale=yscale,
                             style=style, xlim=xlim, label_keys=label_keys, colors=colors)
         drawn, theory = drawn + n, theory | lines
+        if not n:
+            ax.text(0.5, 0.5, f"no {quantity} here", transform=ax.transAxes, ha="center",
+                    va="center", color="grey")
         if facet is not None:
             ax.set_title(_fmt(facet, fval), fontsize=10)
         if ax not in axes[:, 0]:
@@ -346,7 +471,9 @@ def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "steps"
     for ax in axes.flat[len(groups):]:
         ax.set_visible(False)
     if not drawn:
-        raise ValueError(f"no curve has the quantity '{quantity}' (c_overlap needs joint ĉ)")
+        files = ", ".join(dict.fromkeys(c.attrs.get("file") or c.source for c in curves))
+        raise ValueError(f"no curve has the quantity '{quantity}' "
+                         f"({NEEDS.get(quantity, 'not recorded')}): {files}")
     legend(axes.flat[0], _all_handles(axes)[0], style=style, theory=theory)
     fig.suptitle(wrap_title(title if title is not None else describe(curves), width),
                  fontsize=10)

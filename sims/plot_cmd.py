@@ -1,4 +1,4 @@
-"""``loradyn plot FILE.h5 [FILE ...]``: overlap, loss or ⟨ĉ, c⟩ against steps."""
+"""``loradyn plot FILE.h5 [FILE ...]``: overlap, loss, ⟨ĉ, c⟩, σ_a(UᵀÛ), … against steps."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .plot import QUANTITIES, X_UNITS, load_curves, plot_curves, save_figure
+from .plot import QUANTITIES, X_UNITS, lacking, load_curves, plot_curves, save_figure
 
 __all__ = ["plot"]
 
@@ -14,7 +14,9 @@ __all__ = ["plot"]
 @click.command("plot")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--quantity", type=click.Choice(list(QUANTITIES)), default="overlap",
-              help="What to plot against steps.")
+              help="What to plot against steps: singular_values (lora), loss_linear "
+              "(linearized), alignment (scratch, sparse), refit_loss (--refit), "
+              "aligned_c_overlap = ⟨ĉ,c⟩·sign⟨û,u⟩ (joint ĉ).")
 @click.option("--x", "x", type=click.Choice(list(X_UNITS)), default="steps",
               help="x axis: SGD steps, steps divided by the cell's d, or η·steps.")
 @click.option("--xscale", type=click.Choice(["log", "linear"]), default="log",
@@ -38,4 +40,8 @@ def plot(files, quantity, x, xscale, yscale, hue, facet, style, title, out):
     fig = plot_curves(curves, quantity=quantity, x=x, xscale=xscale, yscale=yscale, hue=hue,
                       facet=facet, style=style, title=title)
     save_figure(fig, out)
-    click.echo(f"wrote {out} ({len(curves)} curve(s))")
+    skipped = lacking(curves, quantity)
+    click.echo(f"wrote {out} ({len(curves) - len(skipped)} curve(s))")
+    if skipped:
+        files = ", ".join(dict.fromkeys(c.attrs.get("file") or c.source for c in skipped))
+        click.echo(f"skipped {len(skipped)} curve(s) without {quantity}: {files}")

@@ -30,7 +30,8 @@ def run_config(spec_path, *, eta, steps, **options) -> tuple[RunConfig, list[str
     notes = []
     if eta is None:
         eta = default_eta(base)
-        notes.append(f"η = {eta * base.d:.3g}/d = {eta:.3g} (default)")
+        if options.get("learner", "finetune") != "moment":  # moment takes no steps of size η
+            notes.append(f"η = {eta * base.d:.3g}/d = {eta:.3g} (default)")
     if steps is None:
         steps = default_steps(base, eta)
         notes.append(f"steps = {steps} (default, from the population ODE)")
@@ -76,7 +77,10 @@ def _summary_line(traj, notes) -> str:
               help="Learner: finetune (rank-1 LoRA, eq. 4), lora (rank r), linearized "
                    "(NTK), scratch, scratch-csq, sparse (S²FT), glm, moment.",
               metavar="|".join(LEARNERS))
-@click.option("--rank", type=int, default=1, help="Rank r of the lora learner.")
+@click.option("--rank", type=int, default=1,
+              help="Rank r of the lora learner (teacher C: spec keys C, spectrum, C_hat).")
+@click.option("--retraction", type=click.Choice(["polar", "qr"]), default="polar",
+              help="Stiefel retraction of the lora learner.")
 @click.option("--prox", type=float, default=0.0,
               help="Proximal regularisation prox·‖Δ‖² toward the base (finetune, linearized).")
 @click.option("--full-rank", is_flag=True, help="linearized: full-rank Δ (NTK of full FT).")
@@ -124,7 +128,7 @@ def _summary_line(traj, notes) -> str:
               help="Also record the noise-corrected ODE and the theory band (frozen ĉ, "
                    "projected, b = 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the mean curve as JSON.")
-def run(spec, learner, rank, prox, full_rank, width, train_second_layer, moment_order,
+def run(spec, learner, rank, retraction, prox, full_rank, width, train_second_layer, moment_order,
         sparse_rows, sparse_select, refit, refit_samples, joint_c, eta_c, no_project, eta,
         steps, runs, seed, batch, label_noise, init, checkpoints, spacing, xi_values,
         instance_seeds, dtype, device, engine, out, plot, finite_d_theory, as_json):
@@ -134,7 +138,8 @@ def run(spec, learner, rank, prox, full_rank, width, train_second_layer, moment_
         project=not no_project, runs=runs, seed=seed, batch=batch, label_noise=label_noise,
         init=init, checkpoints=checkpoints, spacing=spacing,
         xi_values=list(xi_values) or None, instance_seeds=instance_seeds, dtype=dtype,
-        device=device, engine=engine, finite_d_theory=finite_d_theory, rank=rank, prox=prox,
+        device=device, engine=engine, finite_d_theory=finite_d_theory, rank=rank,
+        retraction=retraction, prox=prox,
         full_rank=full_rank, width=width, train_second_layer=train_second_layer,
         moment_order=moment_order, sparse_rows=sparse_rows, sparse_select=sparse_select,
         refit=refit, refit_samples=refit_samples)

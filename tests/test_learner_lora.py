@@ -353,3 +353,30 @@ def test_rank_keys_may_not_be_given_twice():
 def test_bad_configs_raise_config_error(kw, match):
     with pytest.raises(ConfigError, match=match):
         _config(**kw).validate()
+
+
+def test_aligned_c_overlap_is_gauge_aligned():
+    """extra["aligned_c_overlap"] = ⟨ĈQᵀ, C⟩/(‖Ĉ‖‖C‖) with Q the polar factor of M: at r = 1
+    it is ⟨ĉ,c⟩·sign(m) (c_overlap·sign overlap)."""
+    from dynamics.config import RunConfig
+    from dynamics.engine import simulate
+
+    spec = {"activation": "relu", "k": 4, "d": 30, "xi": 1.0, "c": "gaussian",
+            "c_hat": "gaussian", "seed": 2}
+    tr = simulate(RunConfig(instance=spec, learner="lora", rank=1, eta=0.01, steps=400,
+                            runs=6, joint_c=True, checkpoints=5).validate())
+    np.testing.assert_allclose(tr.extra["aligned_c_overlap"],
+                               tr.c_overlap * np.sign(tr.overlap), atol=1e-12)
+    tr2 = simulate(RunConfig(instance=spec | {"C": "gaussian"}, learner="lora", rank=2,
+                             eta=0.01, steps=200, runs=3, joint_c=True,
+                             checkpoints=3).validate())
+    m = tr2.extra["overlap_matrix"]
+    p_, _, vt = np.linalg.svd(m)
+    ch = tr2.extra["c_hat"]
+    from dynamics.lora_instance import run_lora_instances
+
+    c = run_lora_instances(RunConfig(instance=spec | {"C": "gaussian"}, learner="lora",
+                                     rank=2, eta=0.01, steps=1, runs=3))[0].C
+    want = np.einsum("rcka,rcba,kb->rc", ch, p_ @ vt, c) / (
+        np.linalg.norm(ch, axis=(-2, -1)) * np.linalg.norm(c))
+    np.testing.assert_allclose(tr2.extra["aligned_c_overlap"], want, atol=1e-12)

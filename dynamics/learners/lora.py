@@ -405,6 +405,13 @@ class LoRA(Learner):
         if c_hats is not None:
             extra["c_hat"] = c_hats
             c_ov = (c_hats * c_mat).sum((-2, -1)) / norms
+            # gauge-aligned ⟨ĈQᵀ, C⟩/(‖Ĉ‖‖C‖), Q = PVᵀ the polar factor of M = PSVᵀ: if
+            # Û = UQ the teacher needs Ĉ = CQ (r = 1: ⟨ĉ,c⟩·sign m)
+            p_, _, vt = np.linalg.svd(np.nan_to_num(m))
+            q = p_ @ vt
+            aligned = (c_hats @ np.swapaxes(q, -1, -2) * c_mat).sum((-2, -1)) / norms
+            extra["aligned_c_overlap"] = np.where(np.isfinite(m).all((-2, -1)), aligned,
+                                                  np.nan)
         ode = None
         if self.project and not self.joint_c:
             consts = hermite.RankConstants.stack(insts)
