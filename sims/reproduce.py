@@ -1,9 +1,16 @@
 """Reproducing the paper's figures: run a recipe's sweep, draw its panels, note it in README.
 
 :func:`reproduce` runs the sweep of a :class:`~sims.figures.Recipe` (resumable, like
-``loradyn sweep``) into ``<out_dir>/<fig>[_quick].h5``, renders ``<fig>[_quick].png`` with
-:func:`render` and, if asked, records the figure, its exact command, the convention and the
-wall time in a section of ``<out_dir>/README.md`` (the rest of the README is kept).
+``loradyn sweep``) into ``<out_dir>/<fig>[_quick][_<convention>].h5``, renders the ``.png``
+of the same stem with :func:`render` and, if asked, records the figure, its exact command,
+the convention and the wall time in a section of ``<out_dir>/README.md`` (the rest of the
+README is kept).
+
+``convention`` is the instance key of ``dynamics.instance``: ``unit`` (default: the theory's
+unit rows, no file suffix) or App. B's ``appB`` / ``appB-sqrt`` model
+f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩), vᵢ = s (wᵢ + ξcᵢu), set in every cell's instance
+(:func:`~sims.figures.recipe.with_convention`); these run only the ``finetune`` learner and
+have no ODE, so a recipe needing another learner (fig3: ``linearized``) is refused.
 """
 
 from __future__ import annotations
@@ -16,12 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .figures import FIGURES, Recipe
+from .figures.recipe import CONVENTION_TEXT, convention_caption, with_convention
 from .plot import describe, draw_panel, legend, load_curves, save_figure, wrap_title
 from .sweep import run_sweep
+from .sweep_io import read_sweep
 from .sweep_spec import parse_sweep
 
-__all__ = ["FIGURES", "ReproduceResult", "reproduce", "render", "figure_paths",
-           "check_learner", "update_readme"]
+__all__ = ["FIGURES", "CONVENTIONS", "ReproduceResult", "reproduce", "render", "figure_paths",
+           "check_learner", "check_convention", "update_readme"]
+
+CONVENTIONS = tuple(CONVENTION_TEXT)
 
 
 @dataclass
@@ -42,8 +53,10 @@ class ReproduceResult:
         return f"{self.seconds:.0f} s{note}"
 
 
-def figure_paths(name: str, quick: bool, out_dir) -> tuple[Path, Path]:
-    stem = f"{name}_quick" if quick else name
+def figure_paths(name: str, quick: bool, out_dir, convention: str = "unit"
+                 ) -> tuple[Path, Path]:
+    """``<out_dir>/<name>[_quick][_<convention>].h5`` and ``.png`` (no suffix for unit)."""
+    stem = (f"{name}_quick" if quick else name) + _suffix(convention, "_")
     out_dir = Path(out_dir)
     return out_dir / f"{stem}.h5", out_dir / f"{stem}.png"
 
@@ -59,6 +72,22 @@ def check_learner(recipe: Recipe) -> None:
                          f"available in this loradyn (learners: {', '.join(LEARNERS)})")
 
 
+def _suffix(convention: str, sep: str) -> str:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown convention {convention!r}; valid: {', '.join(CONVENTIONS)}")
+    return "" if convention == "unit" else f"{sep}{convention}"
+
+
+def check_convention(recipe: Recipe, convention: str) -> None:
+    """ValueError (one line) when the recipe needs a learner the convention does not run
+    (App. B conventions: ``finetune`` only)."""
+    _suffix(convention, "")
+    if convention != "unit" and recipe.learner not in (None, "finetune"):
+        raise ValueError(f"{recipe.name} needs the learner '{recipe.learner}', which the "
+                         f"App. B convention '{convention}' does not support (it runs "
+                         f"'finetune' only)")
+
+
 def get_recipe(name: str) -> Recipe:
     try:
         return FIGURES[name]
@@ -67,16 +96,18 @@ def get_recipe(name: str) -> Recipe:
 
 
 def reproduce(name: str, quick: bool = False, out_dir="results", scheduler=None,
-              update: bool = False, echo=None, progress: bool = False) -> ReproduceResult:
+              update: bool = False, echo=None, progress: bool = False,
+              convention: str = "unit") -> ReproduceResult:
     """Run and render one figure (see the module docstring)."""
     start = time.perf_counter()
     recipe = get_recipe(name)
+    check_convention(recipe, convention)
     check_learner(recipe)
-    spec = parse_sweep(recipe.sweep(quick), source=None)
-    h5, png = figure_paths(name, quick, out_dir)
+    spec = parse_sweep(with_convention(recipe.sweep(quick), convention), source=None)
+    h5, png = figure_paths(name, quick, out_dir, convention)
     done = run_sweep(spec, h5, scheduler=scheduler, update=update, progress=progress,
                      echo=echo)
-    save_figure(render(recipe, h5, quick), png)
+    save_figure(render(recipe, h5, quick, convention), png)
     return ReproduceResult(name, h5, png, time.perf_counter() - start, done.reused, done.cells)
 
 
@@ -95,13 +126,26 @@ QUANTITY_STYLE = ("-", ":")
 SHORT = {"overlap": "⟨û,u⟩", "abs_overlap": "|⟨û,u⟩|", "c_overlap": "⟨ĉ,c⟩", "loss": "loss"}
 
 
-def render(recipe: Recipe, h5, quick: bool):
-    """The Figure of a recipe from its sweep file: one panel per :class:`Panel`."""
+def file_convention(h5) -> str:
+    """The instance convention of a sweep file's cells (ValueError if they disagree)."""
+    _, cells = read_sweep(h5)
+    found = {cell.config["instance"].get("convention", "unit") for cell in cells}
+    if len(found) != 1:
+        raise ValueError(f"{h5}: cells of different conventions: {', '.join(sorted(found))}")
+    return found.pop()
+
+
+def render(recipe: Recipe, h5, quick: bool, convention: str | None = None):
+    """The Figure of a recipe from its sweep file: one panel per :class:`Panel`; the title
+    names a non-unit convention (``None``: the file's own)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    found = file_convention(h5)
+    if convention is not None and convention != found:
+        raise ValueError(f"{h5}: the cells use convention {found!r}, not {convention!r}")
     curves = load_curves([h5])
     panels = recipe.panels(quick)
     width = 5.6 * len(panels) + 0.4
@@ -125,31 +169,50 @@ def render(recipe: Recipe, h5, quick: bool):
             ax.set_xlim(0, panel.xlim_frac * max(float(c.traj.steps[-1]) for c in members))
         ax.set_title(panel.title, fontsize=10)
         legend(ax, style=panel.style, theory=theory)
-    head = f"{recipe.name}{' (quick)' if quick else ''}: {describe(curves)}"
+    head = f"{recipe.name}{_qualifier(quick, found)}: {describe(curves)}"
     fig.suptitle(wrap_title(head, width), fontsize=10)
     return fig
 
 
+def _qualifier(quick: bool, convention: str) -> str:
+    """' (quick)', ' (quick, App. B convention appB)', ' (App. B convention appB)' or ''."""
+    words = (["quick"] if quick else []) + (
+        [f"App. B convention {convention}"] if convention != "unit" else [])
+    return f" ({', '.join(words)})" if words else ""
+
+
 # ---------------------------------------------------------------- README
-def _section(recipe: Recipe, quick: bool, png: Path, command: str, timing: str) -> str:
-    tag = f"{recipe.name}{'-quick' if quick else ''}"
-    title = f"{recipe.name.replace('fig', 'Figure ')}{' (quick)' if quick else ''}"
+def _tag(recipe: Recipe, quick: bool, convention: str) -> str:
+    return f"{recipe.name}{'-quick' if quick else ''}{_suffix(convention, '-')}"
+
+
+def _section(recipe: Recipe, quick: bool, png: Path, command: str, timing: str,
+             convention: str = "unit") -> str:
+    tag = _tag(recipe, quick, convention)
+    title = f"{recipe.name.replace('fig', 'Figure ')}{_qualifier(quick, convention)}"
+    caption = convention_caption(recipe.caption, convention)
     return (f"<!-- reproduce:{tag} -->\n## {title}\n\n![{title}]({png.name})\n\n"
-            f"{recipe.caption}\n\n```\n{command}\n```\n\nWall time: {timing} on {os.cpu_count()} "
+            f"{caption}\n\n```\n{command}\n```\n\nWall time: {timing} on {os.cpu_count()} "
             f"CPU cores. Data (git-ignored, rebuilt by the command): "
             f"`{png.with_suffix('.h5').name}`.\n<!-- /reproduce:{tag} -->\n")
 
 
 def update_readme(out_dir, recipe: Recipe, quick: bool, png: Path, command: str,
-                  timing: str) -> Path:
-    """Insert or replace this figure's section of ``<out_dir>/README.md``; keep the rest."""
+                  timing: str, convention: str = "unit") -> Path:
+    """Insert or replace this figure's section of ``<out_dir>/README.md`` (one per figure,
+    size and convention; a new one goes after the last figure section); keep the rest."""
     path = Path(out_dir) / "README.md"
     text = path.read_text() if path.exists() else "# results/\n"
-    section = _section(recipe, quick, Path(png), command, timing)
-    tag = re.escape(f"{recipe.name}{'-quick' if quick else ''}")
+    section = _section(recipe, quick, Path(png), command, timing, convention)
+    tag = re.escape(_tag(recipe, quick, convention))
     pattern = re.compile(rf"<!-- reproduce:{tag} -->.*?<!-- /reproduce:{tag} -->\n?", re.S)
+    ends = list(re.finditer(r"<!-- /reproduce:[^ ]+ -->\n?", text))
     if pattern.search(text):
         text = pattern.sub(lambda _: section, text)
+    elif ends:
+        at = ends[-1].end()
+        rest = text[at:].lstrip("\n")
+        text = text[:at].rstrip("\n") + "\n\n" + section + ("\n" + rest if rest else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section
     tmp = path.with_name(f".{path.name}.tmp")

@@ -188,6 +188,7 @@ def trajectory(path):
 
 @pytest.mark.parametrize("quantity, name", [
     ("singular_values", "lora"), ("singular_values", "lora_joint"), ("update_overlap", "lora"),
+    ("aligned_c_overlap", "lora_joint"),
     ("loss_linear", "linearized"), ("alignment", "scratch"), ("refit_loss", "refit"),
     ("aligned_c_overlap", "refit"),
 ])
@@ -338,8 +339,6 @@ def test_aligned_c_overlap_of_a_joint_run(learner_files):
                               "with --refit): scratch.h5"),
     ("aligned_c_overlap", "lora", "no curve has the quantity 'aligned_c_overlap' (needs joint "
                                   "ĉ): lora.h5"),
-    ("aligned_c_overlap", "lora_joint", "quantity 'aligned_c_overlap' is defined for rank 1 "
-                                        "only, lora_joint.h5 has rank 2"),
 ])
 def test_cli_missing_quantity_is_a_one_line_error(files, learner_files, tmp_path, quantity,
                                                   name, message):

@@ -1,22 +1,28 @@
 """``loradyn reproduce``: every recipe resolves to valid cells; a (shrunken) figure runs end to
-end into HDF5, PNG and a README section; missing learners give a one-line error."""
+end into HDF5, PNG and a README section; missing learners give a one-line error;
+``--convention appB|appB-sqrt`` sets the instance key in every cell, suffixes the files, has
+its own README section and caption, draws no theory line and refuses fig3 (linearized)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import matplotlib
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from dynamics.learners import LEARNERS  # noqa: E402
+from sims import reproduce_cmd  # noqa: E402
 from sims.cli import cli  # noqa: E402
 from sims.figures import FIGURES, fig2  # noqa: E402
-from sims.reproduce import render  # noqa: E402
+from sims.figures.recipe import convention_caption, with_convention  # noqa: E402
+from sims.reproduce import check_convention, figure_paths, render  # noqa: E402
 from sims.sweep_io import read_sweep  # noqa: E402
 from sims.sweep_spec import parse_sweep  # noqa: E402
 
@@ -95,3 +101,132 @@ def test_reproduce_writes_h5_png_and_readme_section(tmp_path, monkeypatch):
 def test_unknown_figure_is_a_usage_error():
     res = CliRunner().invoke(cli, ["reproduce", "fig9"])
     assert res.exit_code == 2 and "fig9" in res.output
+
+
+# ---------------------------------------------------------------- --convention (App. B model)
+APPB = ("appB", "appB-sqrt")
+
+
+@pytest.mark.parametrize("convention", APPB)
+@pytest.mark.parametrize("quick", [True, False])
+@pytest.mark.parametrize("name", sorted(set(FIGURES) - {"fig3"}))
+def test_convention_is_set_in_every_cell(name, quick, convention):
+    recipe = FIGURES[name]
+    unit = parse_sweep(recipe.sweep(quick)).cells()
+    cells = parse_sweep(with_convention(recipe.sweep(quick), convention)).cells()
+    assert len(cells) == len(unit)
+    for cell, ref in zip(cells, unit, strict=True):
+        assert cell.config.instance["convention"] == convention
+        assert "convention" not in ref.config.instance
+        # the same cell otherwise: only the instance key differs
+        assert cell.config.instance == ref.config.instance | {"convention": convention}
+        assert (cell.config.eta, cell.config.steps, cell.config.runs) == (
+            ref.config.eta, ref.config.steps, ref.config.runs)
+    inst = cells[0].config.run_instances()[0]
+    s = inst.k / (inst.k + inst.xi ** 2)  # App. B's row factor, as printed or its root
+    assert inst.row_scale == pytest.approx(s if convention == "appB" else math.sqrt(s))
+    assert inst.output_scale == pytest.approx(1 / inst.xi)
+
+
+def test_unit_convention_leaves_the_sweep_and_file_names_unchanged(tmp_path):
+    for recipe in FIGURES.values():
+        assert with_convention(recipe.sweep(True), "unit") == recipe.sweep(True)
+        assert convention_caption(recipe.caption, "unit") == recipe.caption
+    assert figure_paths("fig2", True, tmp_path) == (tmp_path / "fig2_quick.h5",
+                                                    tmp_path / "fig2_quick.png")
+    assert figure_paths("fig2", False, tmp_path, "appB") == (tmp_path / "fig2_appB.h5",
+                                                            tmp_path / "fig2_appB.png")
+    assert figure_paths("fig6", True, tmp_path, "appB-sqrt")[1].name == (
+        "fig6_quick_appB-sqrt.png")
+    with pytest.raises(ValueError, match="unknown convention 'appC'"):
+        figure_paths("fig2", True, tmp_path, "appC")
+
+
+@pytest.mark.parametrize("convention", APPB)
+def test_fig3_under_appB_is_a_one_line_error(tmp_path, convention):
+    args = ["reproduce", "fig2", "fig3", "--quick", "--out-dir", str(tmp_path),
+            "--convention", convention]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 1
+    assert res.output.strip() == (f"Error: fig3 needs the learner 'linearized', which the "
+                                  f"App. B convention '{convention}' does not support (it "
+                                  "runs 'finetune' only)")
+    assert list(tmp_path.iterdir()) == []  # refused before fig2 ran
+
+
+def test_all_under_appB_skips_fig3_with_a_note(monkeypatch, tmp_path):
+    ran = []
+
+    def fake(name, **kwargs):
+        ran.append((name, kwargs["convention"]))
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(reproduce_cmd, "run_figure", fake)
+    res = CliRunner().invoke(cli, ["reproduce", "all", "--quick", "--convention", "appB",
+                                   "--out-dir", str(tmp_path)])
+    assert "skipping fig3: fig3 needs the learner 'linearized'" in res.output
+    assert ran == [("fig1", "appB")] and res.exit_code == 1
+    assert check_convention(FIGURES["fig3"], "unit") is None
+
+
+def test_appB_caption_replaces_the_convention_sentence():
+    for recipe in FIGURES.values():
+        for convention in APPB:
+            text = convention_caption(recipe.caption, convention)
+            assert "unit-row" not in text and text.startswith(recipe.caption[:40])
+            assert f"convention = {convention}" in text and "no ODE" in text
+        assert "vᵢ = k/(k+ξ²)·(wᵢ + ξcᵢu)" in convention_caption(recipe.caption, "appB")
+        assert "√(k/(k+ξ²))" in convention_caption(recipe.caption, "appB-sqrt")
+
+
+def test_reproduce_appB_writes_suffixed_files_and_its_own_readme_section(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setitem(FIGURES, "fig2", dataclasses.replace(FIGURES["fig2"], sweep=tiny_fig2))
+    tail = "\n<!-- scaling -->\n## Other results\n\nkept.\n"
+    (tmp_path / "README.md").write_text(INTRO)
+    unit = ["reproduce", "fig2", "--quick", "--out-dir", str(tmp_path)]
+    appb = unit + ["--convention", "appB"]
+    assert CliRunner().invoke(cli, unit, catch_exceptions=False).exit_code == 0
+    with open(tmp_path / "README.md", "a") as fh:  # other results after the figure sections
+        fh.write(tail)
+    res = CliRunner().invoke(cli, appb, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert f"wrote {tmp_path / 'fig2_quick_appB.h5'}" in res.output
+    assert (tmp_path / "fig2_quick_appB.png").stat().st_size > 1000
+    assert (tmp_path / "fig2_quick.png").exists()  # the unit figure is kept
+
+    meta, cells = read_sweep(tmp_path / "fig2_quick_appB.h5")
+    assert meta["complete"] and len(cells) == 2
+    for cell in cells:
+        assert cell.config["instance"]["convention"] == "appB"
+        assert not np.isfinite(cell.traj.ode).any()  # no theory for non-unit rows
+        assert np.isfinite(cell.traj.overlap).all() and np.isfinite(cell.traj.loss).all()
+    _, unit_cells = read_sweep(tmp_path / "fig2_quick.h5")
+    # a different model: the step-0 Monte Carlo losses of the same instances differ
+    assert not np.allclose(cells[0].traj.loss[:, 0], unit_cells[0].traj.loss[:, 0])
+
+    text = (tmp_path / "README.md").read_text()
+    assert text.startswith(INTRO) and text.endswith(tail)
+    assert text.count("## Figure 2 (quick)\n") == 1  # the unit section stays
+    title = "Figure 2 (quick, App. B convention appB)"
+    section = text[text.index("<!-- reproduce:fig2-quick-appB -->"):
+                   text.index("<!-- /reproduce:fig2-quick-appB -->")]
+    assert text.index("<!-- /reproduce:fig2-quick -->") < text.index(section) < text.index(
+        "<!-- scaling -->")  # after the figure sections, before the rest
+    assert f"## {title}\n\n![{title}](fig2_quick_appB.png)" in section
+    assert f"loradyn reproduce fig2 --quick --out-dir {tmp_path} --convention appB" in section
+    assert "unit-row" not in section and "vᵢ = k/(k+ξ²)·(wᵢ + ξcᵢu)" in section
+    assert "`fig2_quick_appB.h5`" in section
+    res = CliRunner().invoke(cli, appb, catch_exceptions=False)  # resumes, replaces section
+    assert "2 finished, 0 to run" in res.output
+    again = (tmp_path / "README.md").read_text()
+    assert again.count(f"## {title}") == 1 and again.count("## Figure 2 (quick)\n") == 1
+
+    fig = render(FIGURES["fig2"], tmp_path / "fig2_quick_appB.h5", True)
+    assert fig._suptitle.get_text().startswith(
+        "fig2 (quick, App. B convention appB): σ = relu, k = 3, d = 20")
+    assert len(fig.axes[0].get_lines()) == 3 + 1  # every run + the median, no theory line
+    assert not any(ln.get_linestyle() == "--" for ax in fig.axes for ln in ax.get_lines())
+    plt.close(fig)
+    with pytest.raises(ValueError, match="use convention 'appB', not 'unit'"):
+        render(FIGURES["fig2"], tmp_path / "fig2_quick_appB.h5", True, "unit")

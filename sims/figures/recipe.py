@@ -5,11 +5,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Panel", "Recipe", "unit_row_instance", "CONVENTION"]
+__all__ = ["Panel", "Recipe", "unit_row_instance", "CONVENTION", "CONVENTION_TEXT",
+           "convention_caption", "with_convention"]
 
+_DRAWS = ("wᵢ i.i.d. uniform on S^{d−1} (W = separated), c and ĉ i.i.d. uniform on "
+          "S^{k−1} (gaussian), λ = 1")
 CONVENTION = ("theory's unit-row model (DESIGN.md): vᵢ = (wᵢ + ξcᵢu)/‖wᵢ + ξcᵢu‖, "
-              "wᵢ i.i.d. uniform on S^{d−1} (W = separated), c and ĉ i.i.d. uniform on "
-              "S^{k−1} (gaussian), λ = 1; not App. B's (1/ξ)·k/(k+ξ²) scaling")
+              + _DRAWS + "; not App. B's (1/ξ)·k/(k+ξ²) scaling")
+_APPB = ("; rows are not unit vectors, so there is no ODE / Hermite theory: the loss is a "
+         "Monte Carlo estimate and the finetune learner runs on the full engine")
+# instance key ``convention`` (dynamics.instance) → the caption's convention sentence
+CONVENTION_TEXT = {
+    "unit": CONVENTION,
+    "appB": ("App. B's simulation model as printed (instance convention = appB): "
+             "f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩), vᵢ = k/(k+ξ²)·(wᵢ + ξcᵢu), " + _DRAWS + _APPB),
+    "appB-sqrt": ("App. B's model with the row factor √(k/(k+ξ²)) that keeps ‖vᵢ‖ ≈ 1 "
+                  "(instance convention = appB-sqrt): f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩), "
+                  "vᵢ = √(k/(k+ξ²))·(wᵢ + ξcᵢu), " + _DRAWS + _APPB),
+}
 
 
 @dataclass(frozen=True)
@@ -48,3 +61,33 @@ def unit_row_instance(activation: str, d: int, k: int, xi: float = 1.0, **extra)
     """Instance spec of the App. B setting in the unit-row convention (CONVENTION)."""
     return {"activation": activation, "k": k, "d": d, "xi": float(xi), "W": "separated",
             "c": "gaussian", "c_hat": "gaussian", "seed": 0} | extra
+
+
+def convention_caption(caption: str, convention: str) -> str:
+    """``caption`` with its convention sentence (CONVENTION) replaced by ``convention``'s."""
+    if convention not in CONVENTION_TEXT:
+        raise ValueError(f"unknown convention {convention!r}; valid: "
+                         f"{', '.join(CONVENTION_TEXT)}")
+    if CONVENTION not in caption:
+        raise ValueError("the caption does not state the unit-row convention to replace")
+    return caption.replace(CONVENTION, CONVENTION_TEXT[convention])
+
+
+def with_convention(sweep: dict, convention: str) -> dict:
+    """A copy of the sweep dict whose every cell's instance has ``convention``: the base
+    instance gets the key and the sweep name ``-<convention>`` (a case or axis setting its own
+    convention is an error). ``unit`` is the instance default: the sweep comes back as it was,
+    so its cells (and their hashes) are unchanged."""
+    if convention not in CONVENTION_TEXT:
+        raise ValueError(f"unknown convention {convention!r}; valid: "
+                         f"{', '.join(CONVENTION_TEXT)}")
+    if "convention" in sweep.get("axes", {}) or any(
+            "convention" in case for case in sweep.get("cases", [])):
+        raise ValueError("the recipe sets the convention itself (an axis or a case)")
+    if convention == "unit":
+        return dict(sweep)
+    base = dict(sweep["base"])
+    base["instance"] = dict(base["instance"]) | {"convention": convention}
+    head = dict(sweep.get("sweep", {}))
+    head["name"] = f"{head.get('name', 'figure')}-{convention}"
+    return dict(sweep) | {"base": base, "sweep": head}
