@@ -8,11 +8,9 @@ sparse) and for a full-rank Δ, O(rd) for rank r.
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 from dynamics.config import RunConfig
-from dynamics.engine import FullRun
 
 __all__ = ["LEARNER_CASES", "learner_rows"]
 
@@ -31,20 +29,11 @@ LEARNER_CASES = {
 }
 
 
-def _rate(config: RunConfig) -> float:
-    from .bench_engine import _sync
-
-    run = FullRun(config)
-    _sync(run.device)
-    t0 = time.perf_counter()
-    run.advance()
-    _sync(run.device)
-    return config.runs * config.steps / (time.perf_counter() - t0)
-
-
 def learner_rows(d: int, k: int, runs: int, steps: int, dtype: str, device: str,
                  repeats: int = 1) -> dict:
     """label → best-of-``repeats`` run-steps/s (or the one-line reason a case cannot run)."""
+    from .bench_engine import engine_rate
+
     spec = {"activation": "relu", "k": k, "d": d, "xi": 1.0, "W": "separated", "seed": 0}
     base = RunConfig(instance=spec, eta=0.05 / d, steps=steps, runs=runs, seed=0,
                      checkpoints=2, dtype=dtype, device=device, finite_d_theory=False)
@@ -53,7 +42,7 @@ def learner_rows(d: int, k: int, runs: int, steps: int, dtype: str, device: str,
         config = replace(base, **overrides)
         try:
             config.validate()
-            out[label] = max(_rate(config) for _ in range(repeats))
+            out[label] = max(engine_rate(config) for _ in range(repeats))
         except (ValueError, ImportError, MemoryError, RuntimeError) as exc:
             out[label] = f"not run: {str(exc).splitlines()[0]}"
     return out

@@ -117,8 +117,13 @@ class Learner:
     """
 
     name = "?"
-    needs_label_noise = False
+    noise_sd = 0.0  # standard deviation of the label noise the learner adds
     sqnorm_columns = None  # (lo, hi): columns whose squared norm per example a step needs
+
+    @property
+    def needs_label_noise(self) -> bool:
+        """Whether the engine must draw one label normal per example (``noise_sd > 0``)."""
+        return self.noise_sd > 0
 
     @classmethod
     def check(cls, config, instance) -> None:

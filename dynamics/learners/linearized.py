@@ -248,9 +248,6 @@ class LinearizedFullRank(Learner):
                    label_noise=config.label_noise, prox=config.prox,
                    eval_size=config.eval_size, seed=config.seed)
 
-    @property
-    def needs_label_noise(self) -> bool:
-        return self.noise_sd > 0
 
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.eta_r]

@@ -155,9 +155,6 @@ class LoRA(Learner):
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.eta_r, self.eta_c_r]
 
-    @property
-    def needs_label_noise(self) -> bool:
-        return self.noise_sd > 0
 
     @property
     def sqnorm_columns(self) -> tuple[int, int] | None:

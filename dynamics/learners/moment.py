@@ -101,9 +101,6 @@ class Moment(Learner):
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.weight_r]
 
-    @property
-    def needs_label_noise(self) -> bool:
-        return self.noise_sd > 0
 
     def initial_state(self, config, instances) -> tuple[MomentState, np.ndarray]:
         """Zero statistic; m₀ = NaN (no estimate before the first sample)."""

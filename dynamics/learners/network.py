@@ -157,9 +157,6 @@ class NetworkLearner(Learner):
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.eta_r, self.eta_c_r]
 
-    @property
-    def needs_label_noise(self) -> bool:
-        return self.noise_sd > 0
 
     def _tensor(self, a) -> torch.Tensor:
         xi = self.problem.xi
