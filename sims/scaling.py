@@ -227,9 +227,19 @@ def _title(config: dict, spec: ScalingSpec) -> str:
                f"learner = {config.get('learner')} ({variant})")
     if config.get("learner") == "glm":  # W, ξ, ĉ and projection do not enter
         setting = f"σ = {inst.get('activation')}, learner = glm (single index, full sphere)"
+    if config.get("learner") == "lora":
+        spectrum = inst.get("spectrum")
+        rank = f"rank {config.get('rank', 1)}" + (f", C spectrum {spectrum}" if spectrum else "")
+        setting = setting.replace("learner = lora (", f"learner = lora ({rank}, ")
     return (f"{setting}; η = c/{_power(spec.eta_exponent)}, c = {spec.c:g}; "
             f"steps = {spec.horizon:g}·{_power(spec.horizon_exponent)}; "
             f"{config.get('runs')} runs per d")
+
+
+def _overlap_note(result) -> str:
+    if "learner = lora" in result.title:
+        return "; overlap taken as σ_min(UᵀÛ) (all r directions)"
+    return "; overlap taken as |⟨û, u⟩|"
 
 
 def _power(exponent: float) -> str:
@@ -246,7 +256,7 @@ def format_table(result: ScalingResult) -> str:
     spec, names = result.spec, _names(result.spec)
     lines = [result.title, f"{names['level']}: {result.level_source}; "
              f"{names['strong']}: stays above from the next of {spec.checkpoints} linear "
-             "checkpoints" + ("; overlap taken as |⟨û, u⟩|" if spec.absolute else "")]
+             "checkpoints" + (_overlap_note(result) if spec.absolute else "")]
     head = f"{'d':>9} {'runs':>5}"
     for key in ("level", "strong"):
         head += f" | {'reached':>7} {'median ' + names[key]:>22} " \
