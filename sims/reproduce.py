@@ -197,6 +197,16 @@ def _section(recipe: Recipe, quick: bool, png: Path, command: str, timing: str,
             f"`{png.with_suffix('.h5').name}`.\n<!-- /reproduce:{tag} -->\n")
 
 
+def _order(tag: str) -> tuple:
+    """Sort key of a README section tag ``figN[-quick][-convention]``."""
+    name, _, rest = tag.partition("-")
+    quick = rest == "quick" or rest.startswith("quick-")
+    convention = rest[len("quick-"):] if rest.startswith("quick-") else (
+        "unit" if rest in ("", "quick") else rest)
+    rank = CONVENTIONS.index(convention) if convention in CONVENTIONS else len(CONVENTIONS)
+    return rank, quick, name
+
+
 def update_readme(out_dir, recipe: Recipe, quick: bool, png: Path, command: str,
                   timing: str, convention: str = "unit") -> Path:
     """Insert or replace this figure's section of ``<out_dir>/README.md`` (one per figure,
@@ -206,11 +216,16 @@ def update_readme(out_dir, recipe: Recipe, quick: bool, png: Path, command: str,
     section = _section(recipe, quick, Path(png), command, timing, convention)
     tag = re.escape(_tag(recipe, quick, convention))
     pattern = re.compile(rf"<!-- reproduce:{tag} -->.*?<!-- /reproduce:{tag} -->\n?", re.S)
-    ends = list(re.finditer(r"<!-- /reproduce:[^ ]+ -->\n?", text))
+    key = _order(_tag(recipe, quick, convention))
+    ends = list(re.finditer(r"<!-- /reproduce:([^ ]+) -->\n?", text))
+    before = [m for m in ends if _order(m.group(1)) < key]
     if pattern.search(text):
         text = pattern.sub(lambda _: section, text)
-    elif ends:
-        at = ends[-1].end()
+    elif ends:  # in order among the figure sections: convention, full before quick, figure
+        if before:
+            at = before[-1].end()
+        else:
+            at = text.index(f"<!-- reproduce:{ends[0].group(1)} -->")
         rest = text[at:].lstrip("\n")
         text = text[:at].rstrip("\n") + "\n\n" + section + ("\n" + rest if rest else "")
     else:

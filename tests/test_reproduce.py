@@ -22,7 +22,7 @@ from sims import reproduce_cmd  # noqa: E402
 from sims.cli import cli  # noqa: E402
 from sims.figures import FIGURES, fig2  # noqa: E402
 from sims.figures.recipe import convention_caption, with_convention  # noqa: E402
-from sims.reproduce import check_convention, figure_paths, render  # noqa: E402
+from sims.reproduce import check_convention, figure_paths, render, update_readme  # noqa: E402
 from sims.sweep_io import read_sweep  # noqa: E402
 from sims.sweep_spec import parse_sweep  # noqa: E402
 
@@ -230,3 +230,26 @@ def test_reproduce_appB_writes_suffixed_files_and_its_own_readme_section(tmp_pat
     plt.close(fig)
     with pytest.raises(ValueError, match="use convention 'appB', not 'unit'"):
         render(FIGURES["fig2"], tmp_path / "fig2_quick_appB.h5", True, "unit")
+
+
+def test_readme_sections_are_kept_in_order(tmp_path):
+    (tmp_path / "README.md").write_text(INTRO)
+    update_readme(tmp_path, FIGURES["fig5"], True, tmp_path / "fig5_quick_appB.png", "cmd",
+                  "1 s", "appB")
+    with open(tmp_path / "README.md", "a") as fh:  # other results after the figure sections
+        fh.write("\n<!-- scaling -->\nother\n")
+    for name, quick, convention in [("fig2", True, "unit"),
+                                    ("fig6", True, "unit"), ("fig2", True, "appB-sqrt"),
+                                    ("fig2", True, "appB"), ("fig4", False, "appB"),
+                                    ("fig5", True, "appB")]:
+        png = figure_paths(name, quick, tmp_path, convention)[1]
+        update_readme(tmp_path, FIGURES[name], quick, png, f"cmd {name}", "1 s", convention)
+    text = (tmp_path / "README.md").read_text()
+    heads = [line for line in text.splitlines() if line.startswith("## ")]
+    assert heads == ["## Figure 2 (quick)", "## Figure 6 (quick)",
+                     "## Figure 4 (App. B convention appB)",
+                     "## Figure 2 (quick, App. B convention appB)",
+                     "## Figure 5 (quick, App. B convention appB)",
+                     "## Figure 2 (quick, App. B convention appB-sqrt)"]
+    assert text.startswith(INTRO) and text.endswith("\n<!-- scaling -->\nother\n")
+    assert "\n\n\n" not in text

@@ -13,15 +13,19 @@ _DRAWS = ("wᵢ i.i.d. uniform on S^{d−1} (W = separated), c and ĉ i.i.d. uni
 CONVENTION = ("theory's unit-row model (DESIGN.md): vᵢ = (wᵢ + ξcᵢu)/‖wᵢ + ξcᵢu‖, "
               + _DRAWS + "; not App. B's (1/ξ)·k/(k+ξ²) scaling")
 _APPB = ("; rows are not unit vectors, so there is no ODE / Hermite theory: the loss is a "
-         "Monte Carlo estimate and the finetune learner runs on the full engine")
+         "Monte Carlo estimate and the finetune learner runs on the full engine. η is the "
+         "recipe's, tuned for unit rows: to first order (∂f/∂u = s Σᵢ cᵢσ′ x against "
+         "ξΣᵢ cᵢσ′ x/Nᵢ) the drift of û at equal η is slower than with unit rows by ")
+_SLOWER = {"appB": "≈ ξ²(k+ξ²)/k (≈ 1 at ξ = 1, 2k at ξ = √k)", "appB-sqrt": "≈ ξ²"}
 # instance key ``convention`` (dynamics.instance) → the caption's convention sentence
 CONVENTION_TEXT = {
     "unit": CONVENTION,
     "appB": ("App. B's simulation model as printed (instance convention = appB): "
-             "f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩), vᵢ = k/(k+ξ²)·(wᵢ + ξcᵢu), " + _DRAWS + _APPB),
+             "f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩), vᵢ = k/(k+ξ²)·(wᵢ + ξcᵢu), " + _DRAWS + _APPB
+             + _SLOWER["appB"]),
     "appB-sqrt": ("App. B's model with the row factor √(k/(k+ξ²)) that keeps ‖vᵢ‖ ≈ 1 "
                   "(instance convention = appB-sqrt): f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩), "
-                  "vᵢ = √(k/(k+ξ²))·(wᵢ + ξcᵢu), " + _DRAWS + _APPB),
+                  "vᵢ = √(k/(k+ξ²))·(wᵢ + ξcᵢu), " + _DRAWS + _APPB + _SLOWER["appB-sqrt"]),
 }
 
 
