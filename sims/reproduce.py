@@ -123,7 +123,8 @@ def _matches(attrs: dict, select: dict) -> bool:
 
 
 QUANTITY_STYLE = ("-", ":")
-SHORT = {"overlap": "⟨û,u⟩", "abs_overlap": "|⟨û,u⟩|", "c_overlap": "⟨ĉ,c⟩", "loss": "loss"}
+SHORT = {"overlap": "⟨û,u⟩", "abs_overlap": "|⟨û,u⟩|", "c_overlap": "⟨ĉ,c⟩", "loss": "loss",
+         "aligned_c_overlap": "⟨ĉ,c⟩·sign⟨û,u⟩"}
 
 
 def file_convention(h5) -> str:

@@ -25,13 +25,13 @@ RECIPE = Recipe(
             "with Δ = ξĉûᵀ; drawn is the exact loss of the network with its learned rows "
             "(wⱼ + Δⱼ)/‖·‖, the linear model's own loss is stored as `loss_linear`); the "
             "linearized model stays at a loss far above fine-tuning's; (b) fine-tuning's "
-            "|⟨û_t, u⟩| (solid) and "
-            "⟨ĉ_t, c⟩ (dotted): ĉ aligns only once û has. Convention: " + CONVENTION + ".",
+            "|⟨û_t, u⟩| (solid) and ⟨ĉ_t, c⟩·sign⟨û_t, u⟩ (dotted; û ≈ −u with ĉ ≈ −c is the "
+            "same network): ĉ aligns only once û has. Convention: " + CONVENTION + ".",
     sweep=sweep,
     panels=lambda quick: (
         Panel("(a) loss: linearized vs low-rank fine-tuning", {}, quantity="loss",
               yscale="log", hue="learner"),
-        Panel("(b) fine-tuning: |⟨û_t, u⟩| and ⟨ĉ_t, c⟩", {"learner": "finetune"},
-              quantity=("abs_overlap", "c_overlap"))),
+        Panel("(b) fine-tuning: |⟨û_t, u⟩| and ⟨ĉ_t, c⟩·sign⟨û_t, u⟩", {"learner": "finetune"},
+              quantity=("abs_overlap", "aligned_c_overlap"))),
     learner="linearized",
 )
