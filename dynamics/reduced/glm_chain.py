@@ -50,10 +50,10 @@ from ..config import RunConfig
 from ..learners.base import RunResult
 from ..sampling import run_seed
 from ..trajectory import Trajectory, checkpoint_steps
-from . import _rng
+from . import _kernel, _rng
 from ._chain import M_TOL
 
-__all__ = ["glm_supported", "simulate_glm", "first_passage_glm", "init_glm", "advance_glm"]
+__all__ = ["glm_supported", "simulate_glm", "first_passage_glm", "advance_glm"]
 
 ENGINE = "reduced"
 
@@ -67,20 +67,6 @@ def glm_supported(config: RunConfig) -> tuple[bool, str]:
         return False, (f"reduced engine: activation {act!r} has no compiled version for the "
                        "glm chain (numba only)")
     return True, ""
-
-
-@njit(parallel=True, cache=True)
-def init_glm(seed, d, states, m, nu):
-    """(G1): m₀ = g/√(g² + χ²_{d−1}), ν₀ = √(1 − m₀²) for û₀ uniform on S^{d−1}; seeds the
-    per-run streams."""
-    for r in prange(m.shape[0]):
-        st = _rng.seed_stream(seed, r)
-        g, st = _rng.normal(st)
-        q, st = _rng.chi2(d - 1, st)
-        nrm = math.sqrt(g * g + q)
-        m[r] = g / nrm
-        nu[r] = math.sqrt(q) / nrm
-        states[r] = st
 
 
 @njit(cache=True)
@@ -164,7 +150,8 @@ def _start(config: RunConfig):
     runs = config.runs
     states = np.zeros(runs, dtype=np.uint64)
     m, nu = np.empty(runs), np.empty(runs)
-    init_glm(run_seed(config.seed, 0, "data"), d, states, m, nu)
+    # (G1) is (R0) on the whole sphere: m₀ = g/√(g² + χ²_{d−1}), the same streams
+    _kernel.init_runs(run_seed(config.seed, 0, "data"), d, states, m, nu)
     if config.init == "aligned":
         m = np.abs(m)
     return instances, (code, hp), states, m, nu

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..instance import Instance
 
-__all__ = ["ChainParams", "pack_instances"]
+__all__ = ["ChainParams", "pack_instances", "distinct"]
 
 
 @dataclass(frozen=True)
@@ -38,16 +38,22 @@ def _row(inst: Instance) -> np.ndarray:
                            [inst.u_perp, inst.xi]]).astype(np.float64)
 
 
+def distinct(items: list) -> tuple[list, np.ndarray]:
+    """(the distinct items by identity, in first-seen order; (R,) index of each item in it)."""
+    uniq: dict[int, int] = {}
+    order: list = []
+    idx = np.empty(len(items), dtype=np.int64)
+    for r, item in enumerate(items):
+        if id(item) not in uniq:
+            uniq[id(item)] = len(order)
+            order.append(item)
+        idx[r] = uniq[id(item)]
+    return order, idx
+
+
 def pack_instances(run_instances: list[Instance]) -> ChainParams:
     """Distinct instances (by identity) → arrays; ``run_instances`` has one entry per run."""
-    uniq: dict[int, int] = {}
-    order: list[Instance] = []
-    idx = np.empty(len(run_instances), dtype=np.int64)
-    for r, inst in enumerate(run_instances):
-        if id(inst) not in uniq:
-            uniq[id(inst)] = len(order)
-            order.append(inst)
-        idx[r] = uniq[id(inst)]
+    order, idx = distinct(run_instances)
     k = order[0].k
     L = np.stack([np.asarray(i.w_factor, dtype=np.float64) for i in order])
     ident = np.array([np.array_equal(x, np.eye(k)) for x in L])

@@ -47,7 +47,7 @@ from numba import njit, prange
 from ..activations_numba import sigma, sigma_and_deriv
 from . import _rng
 
-__all__ = ["RETRACTIONS", "init_runs", "advance", "singular_values", "step_given", "scratch"]
+__all__ = ["RETRACTIONS", "init_runs", "advance", "step_given", "scratch"]
 
 RETRACTIONS = {"qr": 0, "polar": 1}
 SV_TOL = 1e-9  # ‖M‖_F² > r(1 + SV_TOL) counts as divergence (σ(M) ≤ 1 on the manifold)
@@ -71,17 +71,6 @@ def _sym_sqrt(h, inverse):
 @njit(cache=True)
 def _gram(a):
     return a.T @ a
-
-
-@njit(cache=True)
-def singular_values(m):
-    """Singular values of M (descending), from the eigenvalues of MᵀM."""
-    w = np.linalg.eigvalsh(m.T @ m)
-    r = w.shape[0]
-    out = np.empty(r)
-    for i in range(r):
-        out[i] = math.sqrt(max(w[r - 1 - i], 0.0))
-    return out
 
 
 @njit(cache=True)

@@ -18,6 +18,7 @@ from ..activations_numba import act_code
 from ..sampling import run_seed
 from ..trajectory import Trajectory, checkpoint_steps
 from . import rank_chain
+from .params import distinct
 
 __all__ = ["rank_supported", "simulate_rank_reduced", "first_passage_rank"]
 
@@ -40,8 +41,7 @@ def rank_supported(config) -> tuple[bool, str]:
 
 
 def _setup(config):
-    from ..learners import Problem
-    from ..learners.lora import LoRA
+    """(instances, rank-r instances, the chain's per-instance arrays) of a supported config."""
     from ..lora_instance import run_lora_instances
 
     ok, why = rank_supported(config)
@@ -49,18 +49,7 @@ def _setup(config):
         raise ValueError(why)
     instances = config.run_instances()
     linst = run_lora_instances(config, instances)
-    problem = Problem.from_instances(instances, torch.device("cpu"), torch.float64)
-    learner = LoRA(problem, linst, eta=config.eta, eta_c=config.step_size_c, project=True,
-                   joint_c=config.joint_c, batch=1, label_noise=config.label_noise,
-                   prox=config.prox, retraction=config.retraction)
-    uniq: dict[int, int] = {}
-    order = []
-    idx = np.empty(len(linst), dtype=np.int64)
-    for r, li in enumerate(linst):
-        if id(li) not in uniq:
-            uniq[id(li)] = len(order)
-            order.append(li)
-        idx[r] = uniq[id(li)]
+    order, idx = distinct(linst)
     k = order[0].k
     arrays = {
         "L": np.stack([np.asarray(li.w_factor, float) for li in order]),
@@ -72,10 +61,10 @@ def _setup(config):
         "idx": idx,
         "chat": np.stack([np.asarray(li.C_hat, float) for li in linst]),
     }
-    return instances, linst, learner, arrays
+    return instances, linst, arrays
 
 
-def _initial(config, linst, learner):
+def _initial(config, linst):
     """(states, M₀, B₀): Haar frames by (Q5), sign-flipped like the full learner if aligned."""
     runs, r, d, k = config.runs, linst[0].rank, linst[0].d, linst[0].k
     states = np.zeros(runs, dtype=np.uint64)
@@ -84,10 +73,9 @@ def _initial(config, linst, learner):
     if config.init == "aligned":
         import hermite
 
-        for r_ in range(runs):
-            a0 = hermite.A_matrix(linst[r_], np.zeros((r, r)))
-            if np.einsum("ab,ab->", m0[r_], a0) < 0:
-                m0[r_] *= -1.0
+        order, idx = distinct(linst)
+        a0 = np.stack([hermite.A_matrix(li, np.zeros((r, r))) for li in order])[idx]
+        m0[np.einsum("nab,nab->n", m0, a0) < 0] *= -1.0
     return states, m0, b0
 
 
@@ -113,11 +101,13 @@ def _advance(config, linst, arrays, states, m, b, cp, n_steps, stop_level=math.i
 def simulate_rank_reduced(config) -> Trajectory:
     """Simulate a ``lora`` config on the rank-r chain; the same Trajectory as the full engine
     (float64 always)."""
-    from ..learners import RunResult
-
-    instances, linst, learner, arrays = _setup(config)
-    states, m, b = _initial(config, linst, learner)
     import hermite
+
+    from ..learners import Problem, RunResult
+    from ..learners.lora import LoRA
+
+    instances, linst, arrays = _setup(config)
+    states, m, b = _initial(config, linst)
 
     m0 = hermite.signed_smallest(m)
     steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
@@ -126,6 +116,10 @@ def simulate_rank_reduced(config) -> Trajectory:
     records = {"overlap_matrix": cp_m} | ({"c_hat": cp_chat} if cp_chat is not None else {})
     result = RunResult(config, instances, steps, records, div, m0, torch.device("cpu"),
                        engine="reduced")
+    problem = Problem.from_instances(instances, torch.device("cpu"), torch.float64)
+    learner = LoRA(problem, linst, eta=config.eta, eta_c=config.step_size_c, project=True,
+                   joint_c=config.joint_c, batch=1, label_noise=config.label_noise,
+                   prox=config.prox, retraction=config.retraction)
     traj = learner.trajectory(result)
     traj.dtype = "float64"
     return traj
@@ -134,8 +128,8 @@ def simulate_rank_reduced(config) -> Trajectory:
 def first_passage_rank(config, level: float, max_steps: int | None = None) -> np.ndarray:
     """(R,) first step at which every singular value of M is ≥ ``level`` (all r directions
     recovered), NaN if not by ``max_steps``; each run stops at its hit."""
-    _instances, linst, learner, arrays = _setup(config)
-    states, m, b = _initial(config, linst, learner)
+    _instances, linst, arrays = _setup(config)
+    states, m, b = _initial(config, linst)
     start = np.linalg.svd(m, compute_uv=False).min(-1) >= level
     n = int(config.steps if max_steps is None else max_steps)
     _, _, _, hit = _advance(config, linst, arrays, states, m, b, np.zeros(0, np.int64), n,
