@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from .instance import Instance, build_instance
 from .learners import LEARNERS as _LEARNER_REGISTRY
+from .stiefel import RETRACTIONS
 
 __all__ = ["RunConfig", "ConfigError", "LEARNERS", "ENGINES", "INITS", "CHECKPOINT_SPACINGS",
            "SPARSE_SELECTIONS"]
@@ -135,7 +136,7 @@ class RunConfig:
                             ("engine", ENGINES), ("instance_seeds", ("shared", "per_run")),
                             ("dtype", ("float64", "float32")),
                             ("sparse_select", SPARSE_SELECTIONS),
-                            ("retraction", ("polar", "qr")),
+                            ("retraction", RETRACTIONS),
                             ("device", ("cpu", "cuda", "auto"))):
             if getattr(self, name) not in valid:
                 raise ConfigError(name, f"must be one of {', '.join(valid)}, "

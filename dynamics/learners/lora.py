@@ -85,14 +85,6 @@ class LoRATerms:
     omega: torch.Tensor | None  # (R, k, r) WÛ (None when projected)
 
 
-def _retraction(config) -> str:
-    name = config.retraction
-    if name not in stiefel.RETRACTIONS:
-        raise ConfigError("retraction", f"must be one of {', '.join(stiefel.RETRACTIONS)}, "
-                                        f"got {name!r}")
-    return name
-
-
 class LoRA(Learner):
     """Learner ``lora`` (see the module docstring for the formulas)."""
 
@@ -132,12 +124,11 @@ class LoRA(Learner):
     # ------------------------------------------------------------------ construction
     @classmethod
     def check(cls, config, instance) -> None:
-        """Rank-r keys valid for ``instance`` (``lora_instance``), a known retraction, and the
-        engine (``reduced`` only where the rank-r chain is exact)."""
+        """Rank-r keys valid for ``instance`` (``lora_instance``) and the engine (``reduced``
+        only where the rank-r chain is exact); the retraction name is checked by the config."""
         from ..lora_instance import build_lora_instance
 
         build_lora_instance(instance, config.rank, lora_options(config))
-        _retraction(config)
         if config.engine == "reduced":
             from ..reduced.rank_simulate import rank_supported
 
@@ -150,7 +141,7 @@ class LoRA(Learner):
         return cls(problem, run_lora_instances(config), eta=config.eta,
                    eta_c=config.step_size_c, project=config.project, joint_c=config.joint_c,
                    batch=config.batch, label_noise=config.label_noise, prox=config.prox,
-                   retraction=_retraction(config))
+                   retraction=config.retraction)
 
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.eta_r, self.eta_c_r]
