@@ -157,10 +157,11 @@ class RunConfig:
         except ImportError as exc:
             raise ConfigError("learner", f"learner {self.learner!r} is not available: "
                                          f"{exc}") from None
-        learner.check(self, base)
-        if not base.unit_rows and self.learner != "finetune":
+        if not base.unit_rows and self.learner != "finetune":  # before the learner's checks,
+            # which may evaluate unit-row theory
             raise ConfigError("learner", f"the App. B convention {base.convention!r} is "
                                          f"supported by 'finetune' only, not {self.learner!r}")
+        learner.check(self, base)
         if self.refit and self.learner not in ("finetune",):
             raise ConfigError("refit", f"needs a learner that learns û (finetune), "
                                        f"not {self.learner!r}")

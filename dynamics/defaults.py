@@ -54,7 +54,10 @@ def gradient_second_moment(instance: Instance, m, samples: int = _SAMPLES,
 
 
 def _theory(instance: Instance):
-    """(sign of h(0), grid m (along that sign), |h|, E[g²]) or None without the theory."""
+    """(sign of h(0), grid m (along that sign), |h|, E[g²]) or None without the theory
+    (e.g. the App. B conventions, whose rows are not unit vectors)."""
+    if not instance.unit_rows:
+        return None
     try:
         import hermite
 

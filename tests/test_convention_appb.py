@@ -113,5 +113,25 @@ def test_bad_convention_inputs():
         build_instance(_spec("appB", xi=0.0))
     with pytest.raises(ValueError, match="unit rows"):
         build_instance(_spec("appB")).correlation_affine()
-    with pytest.raises(ConfigError, match="finetune"):
-        RunConfig(instance=_spec("appB"), learner="glm", eta=0.01, steps=10).validate()
+    for learner in ("glm", "linearized", "scratch", "lora"):  # named, not a theory error
+        with pytest.raises(ConfigError, match="supported by 'finetune' only"):
+            RunConfig(instance=_spec("appB"), learner=learner, eta=0.01, steps=10).validate()
+
+
+def test_cli_run_defaults_without_theory(tmp_path):
+    """`loradyn run` on an App. B instance with no --eta/--steps falls back to the
+    theory-free defaults (η = ETA_C/d) instead of failing in the Hermite theory."""
+    from click.testing import CliRunner
+
+    from dynamics.defaults import ETA_C
+    from sims.cli import cli
+    from sims.io import read_trajectory
+
+    spec = tmp_path / "appb.toml"
+    spec.write_text('activation = "relu"\nk = 3\nd = 20\nxi = 1.5\nconvention = "appB"\n')
+    out = tmp_path / "r.h5"
+    res = CliRunner().invoke(cli, ["run", str(spec), "--runs", "2", "--checkpoints", "4",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    _, meta = read_trajectory(out)
+    assert meta["config"]["eta"] == pytest.approx(ETA_C / 20)
