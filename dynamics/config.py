@@ -10,13 +10,14 @@ from .learners import LEARNERS as _LEARNER_REGISTRY
 from .stiefel import RETRACTIONS
 
 __all__ = ["RunConfig", "ConfigError", "LEARNERS", "ENGINES", "INITS", "CHECKPOINT_SPACINGS",
-           "SPARSE_SELECTIONS"]
+           "SPARSE_SELECTIONS", "STREAMS"]
 
 LEARNERS = tuple(_LEARNER_REGISTRY)
 SPARSE_SELECTIONS = ("lambda", "random")
 ENGINES = ("full", "reduced", "auto")
 INITS = ("uniform", "aligned")
 CHECKPOINT_SPACINGS = ("log", "linear")
+STREAMS = ("auto", "per_run", "shared")
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,10 @@ class RunConfig:
     checkpoints : number of checkpoints; spacing : ``log`` or ``linear``.
     dtype : ``float64`` (default) or ``float32``; device : ``cpu``, ``cuda`` or ``auto``.
     engine : ``full``, ``reduced`` or ``auto``.
+    streams : examples of the full engine from one generator per run (``per_run``: run r's
+        numbers do not depend on R), or one generator for all runs (``shared``: one draw per
+        chunk, the fast path on CUDA, where per-run draws cost one launch per run); ``auto``
+        = per_run on CPU, shared on CUDA. Same config and seed give the same numbers either way.
     finite_d_theory : also record the noise-corrected ODE and the theory band (issue 8;
         frozen ĉ, projected, b = 1 only; a few seconds per distinct instance).
     eval_size : examples in the fixed Monte Carlo evaluation set of the loss (used where no
@@ -91,6 +96,7 @@ class RunConfig:
     dtype: str = "float64"
     device: str = "cpu"
     engine: str = "full"
+    streams: str = "auto"
     eval_size: int = 20_000
     finite_d_theory: bool = True
     prox: float = 0.0
@@ -137,7 +143,7 @@ class RunConfig:
                             ("dtype", ("float64", "float32")),
                             ("sparse_select", SPARSE_SELECTIONS),
                             ("retraction", RETRACTIONS),
-                            ("device", ("cpu", "cuda", "auto"))):
+                            ("device", ("cpu", "cuda", "auto")), ("streams", STREAMS)):
             if getattr(self, name) not in valid:
                 raise ConfigError(name, f"must be one of {', '.join(valid)}, "
                                         f"got {getattr(self, name)!r}")

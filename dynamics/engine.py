@@ -146,7 +146,9 @@ class FullRun:
         with _intraop_threads(1) as cores, \
                 NoiseSource(cfg.seed, cfg.runs, cfg.batch, d, extra=int(noisy),
                             sqnorm_cols=learner.sqnorm_columns, device=self.device,
-                            dtype=self.dtype, threads=cores) as noise, \
+                            dtype=self.dtype, threads=cores,
+                            per_run={"auto": None, "per_run": True,
+                                     "shared": False}[cfg.streams]) as noise, \
                 tqdm(total=cfg.steps, disable=not progress, unit="step") as bar:
             schedule = chunk_schedule(self.steps, noise.chunk_steps)
             norms = torch.empty((noise.chunk_steps, cfg.runs), dtype=self.dtype,

@@ -10,6 +10,15 @@ Examples are drawn a chunk of steps at a time, per run, into one preallocated bu
 ``normal_`` call fills a multiple of 16 numbers; torch's CPU sampler then yields the same
 stream however the calls are split (it transforms uniforms in blocks of 16). On CPU the
 per-run fills run in parallel threads (torch releases the GIL); on CUDA they are queued.
+
+On CUDA the Philox generator advances by an amount that depends on the size of each draw, so
+a run's examples there depend on the chunk schedule too: the same config and seed give the
+same numbers, but a batch replays single runs exactly only while the chunk length (at most
+``MAX_CHUNK_STEPS``, less when R·b·w is large) is the same for both. Per-run draws also cost
+one kernel launch per run and chunk, which caps the CUDA engine near 10⁶ run-steps/s; so
+``per_run=False`` (the default on CUDA, config ``streams``) draws every run's examples of a
+chunk in ONE call from one generator seeded by (seed, ``data_shared``): run r's numbers then
+depend on R, but the same config and seed still give the same numbers.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ __all__ = [
     "NoiseSource",
 ]
 
-STREAMS = {"init": 0, "data": 1, "eval": 2, "refit": 3}
+STREAMS = {"init": 0, "data": 1, "eval": 2, "refit": 3, "data_shared": 4}
 ALIGN = 16  # torch's CPU normal_ works in blocks of 16 numbers
 CHUNK_BYTES = 32 * 2**20  # target size of the example buffer
 MAX_CHUNK_STEPS = 256
@@ -72,7 +81,8 @@ def uniform_perp_directions(seed: int, runs: int, d: int, k: int) -> np.ndarray:
 
 
 class NoiseSource:
-    """Chunks of examples for R runs, one ``torch.Generator`` per run (see module doc).
+    """Chunks of examples for R runs, one ``torch.Generator`` per run, or one for all runs
+    (``per_run=False``; default: per run on CPU, shared on CUDA) — see the module doc.
 
     :meth:`chunks` yields, per requested chunk of n steps, a view (R, n, b, w) of fresh
     N(0, 1) numbers — columns 0..d−1 of an example are x, column d (``extra`` = 1) is the
@@ -84,7 +94,7 @@ class NoiseSource:
     def __init__(self, seed: int, runs: int, batch: int, d: int, *, extra: int = 0,
                  sqnorm_cols: tuple[int, int] | None = None, device: torch.device,
                  dtype: torch.dtype, chunk_steps: int | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, per_run: bool | None = None):
         self.width = ALIGN * math.ceil((d + extra) / ALIGN)
         per_step = runs * batch * self.width * torch.empty((), dtype=dtype).element_size()
         self.chunk_steps = int(chunk_steps or max(1, min(MAX_CHUNK_STEPS,
@@ -94,18 +104,29 @@ class NoiseSource:
                         for _ in range(2)]
         self.sqnorms = [torch.empty(shape, dtype=dtype, device=device) for _ in range(2)]
         self.sqnorm_cols = sqnorm_cols
-        self.generators = [torch.Generator(device=device).manual_seed(run_seed(seed, r, "data"))
-                           for r in range(runs)]
-        threads = threads or (torch.get_num_threads() if device.type == "cpu" else 1)
+        self.per_run = device.type == "cpu" if per_run is None else bool(per_run)
+        if self.per_run:
+            self.generators = [
+                torch.Generator(device=device).manual_seed(run_seed(seed, r, "data"))
+                for r in range(runs)]
+            threads = threads or (torch.get_num_threads() if device.type == "cpu" else 1)
+        else:
+            self.generators = [torch.Generator(device=device).manual_seed(
+                run_seed(seed, 0, "data_shared"))]
+            threads = 1
         blocks = np.array_split(np.arange(runs), min(threads, runs))
         self._blocks = [range(int(b[0]), int(b[-1]) + 1) for b in blocks if len(b)]
         self._pool = (ThreadPoolExecutor(len(self._blocks), initializer=torch.set_num_threads,
-                                         initargs=(1,)) if device.type == "cpu" else None)
+                                         initargs=(1,))
+                      if device.type == "cpu" and self.per_run else None)
 
     def _fill(self, slot: int, steps: int, runs: range) -> None:
         buf = self.buffers[slot]
-        for r in runs:
-            buf[r, :steps].normal_(generator=self.generators[r])
+        if self.per_run:
+            for r in runs:
+                buf[r, :steps].normal_(generator=self.generators[r])
+        else:  # every run at once (runs is the single block 0..R−1)
+            buf[:, :steps].normal_(generator=self.generators[0])
         if self.sqnorm_cols is not None:
             lo, hi = self.sqnorm_cols
             block = buf[runs.start: runs.stop, :steps, :, lo:hi]

@@ -65,7 +65,8 @@ def sampling_rate(runs, d, steps, device, dtype) -> float:
 
 
 def sampler_rate(runs, d, steps, device, dtype) -> float:
-    """The engine's own sampler alone (per-run generators, threaded, double-buffered)."""
+    """The engine's own sampler alone, double-buffered: per-run generators (threaded) on CPU,
+    one shared generator on CUDA (the engine's ``streams = auto``)."""
     with NoiseSource(0, runs, 1, d, device=device, dtype=dtype) as src:
         sizes = [src.chunk_steps] * max(1, steps // src.chunk_steps)
         _sync(device)
@@ -130,13 +131,15 @@ def _report(res: dict) -> str:
              f"  sampling bound  {r['sampling_bound']:>12,.0f} run-steps/s  "
              "(Tensor.normal_ of (R, d) per step)",
              f"  engine sampler  {r['engine_sampler']:>12,.0f} run-steps/s  "
-             "(per-run generators, threaded; for information)",
+             "(the engine's streams: per run on CPU, shared on CUDA; for information)",
              f"  engine / autograd loop  = {q['engine_over_autograd']:8.1f}x  "
              f"(goal ≥ {GOALS['engine_over_autograd']:g}x)",
              f"  engine / sampling bound = {q['engine_over_sampling']:8.2f}   "
              f"(goal ≥ {GOALS['engine_over_sampling']:g})"]
     if "reduced" in res:
         red = res["reduced"]
+        lines.append(f"  reduced engine: {red.get('backend', 'numba (float64)')}, "
+                     f"R={red.get('runs', '?')}")
         lines += [f"  reduced engine  {r_:>12,.0f} run-steps/s at d = {int(dd):,}"
                   for dd, r_ in red["run_steps_per_s"].items()]
         lines += [f"  reduced d=1e7 / d=1e2     = {red['ratio_1e7_over_1e2']:8.2f}   (goal ≥ 0.9)",
@@ -165,6 +168,9 @@ def _report(res: dict) -> str:
               help="Also the reduced (dimension-free) engine at d = 1e2, 1e4, 1e7 and at --d.")
 @click.option("--reduced-steps", type=int, default=10_000,
               help="Steps per reduced-engine measurement.")
+@click.option("--reduced-runs", type=int, default=None,
+              help="Runs of the reduced-engine rows (default --runs; on CUDA one thread per "
+                   "run, so thousands fill the GPU).")
 @click.option("--learners/--no-learners", default=True,
               help="Also one row per learner (full engine, same d and k).")
 @click.option("--learner-runs", type=int, default=64, help="Runs R of the learner rows.")
@@ -172,7 +178,7 @@ def _report(res: dict) -> str:
 @click.option("--quick", is_flag=True, help="Fewer steps and one repeat (smoke test).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def command(d, k, runs, steps, autograd_steps, dtype, device, repeats, reduced, reduced_steps,
-            learners, learner_runs, learner_steps, quick, as_json):
+            reduced_runs, learners, learner_runs, learner_steps, quick, as_json):
     """Engine run-steps/s vs a per-run autograd loop and the sampling bound (ratios), and the
     reduced engine's run-steps/s across d with its ratio to the full engine at --d."""
     if quick:
@@ -180,8 +186,9 @@ def command(d, k, runs, steps, autograd_steps, dtype, device, repeats, reduced, 
     res = measure(d=d, k=k, runs=runs, steps=steps, autograd_steps=autograd_steps, dtype=dtype,
                   device=device, repeats=repeats)
     if reduced:
-        res["reduced"] = reduced_rows(d, k, runs, reduced_steps, repeats,
-                                      res["run_steps_per_s"]["engine"])
+        res["reduced"] = reduced_rows(d, k, reduced_runs or runs, reduced_steps, repeats,
+                                      res["run_steps_per_s"]["engine"],
+                                      res["setup"]["device"], runs)
     if learners:
         from .bench_learners import learner_rows
 
@@ -196,14 +203,17 @@ def command(d, k, runs, steps, autograd_steps, dtype, device, repeats, reduced, 
 REDUCED_D = (100, 10_000, 10_000_000)
 
 
-def reduced_rows(d, k, runs, steps, repeats, full_rate) -> dict:
-    """Reduced-engine rates (numba, float64) at ``REDUCED_D`` and at ``d``, with the ratios
-    rate(1e7)/rate(1e2) and rate(d)/full-engine rate(d) measured in this same run."""
+def reduced_rows(d, k, runs, steps, repeats, full_rate, device="cpu", full_runs=None) -> dict:
+    """Reduced-engine rates (float64; numba on CPU, numba-cuda on CUDA) at ``REDUCED_D`` and at
+    ``d``, with the ratios rate(1e7)/rate(1e2) and rate(d)/full-engine rate(d) measured in this
+    same run (the full engine with ``full_runs`` runs)."""
     from .bench_reduced import measure_reduced
 
+    device = "cuda" if str(device).startswith("cuda") else "cpu"
     res = measure_reduced(d_values=tuple(sorted(set(REDUCED_D) | {d})), k=k, runs=runs,
-                          steps=steps, full_d=None, repeat=repeats)
+                          steps=steps, full_d=None, repeat=repeats, device=device)
     rates = res["reduced"]
     return {"run_steps_per_s": {str(dd): r for dd, r in rates.items()},
+            "runs": runs, "full_runs": full_runs or runs, "backend": res["settings"]["backend"],
             "ratio_1e7_over_1e2": rates[max(REDUCED_D)] / rates[min(REDUCED_D)],
             "ratio_to_full_at_d": rates[d] / full_rate, "d": d}

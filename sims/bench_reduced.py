@@ -20,14 +20,13 @@ __all__ = ["measure_reduced", "scaling_workload", "SCALING_C"]
 SCALING_C = {"relu": 0.05, "sigmoid": 1.0, "he3": 0.002, "he4": 0.0004}
 
 
-def _config(d, k, runs, steps, activation, engine, dtype="float64", seed=0):
+def _config(d, k, runs, steps, activation, engine, dtype="float64", seed=0, device="cpu"):
     from dynamics.config import RunConfig
 
     return RunConfig(instance={"activation": activation, "k": k, "d": int(d), "xi": 1.0,
                                "seed": seed},
                      eta=0.05 / d, steps=int(steps), runs=runs, seed=seed, checkpoints=2,
-                     spacing="linear",
-                     engine=engine, dtype=dtype)
+                     spacing="linear", engine=engine, dtype=dtype, device=device)
 
 
 def _rate(run, runs, steps, repeat):
@@ -49,8 +48,11 @@ def _rate(run, runs, steps, repeat):
 
 def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=10_000,
                     activation="relu", full_d: int | None = 2000, full_steps=40,
-                    full_dtype="float32", repeat=3) -> dict:
-    """Reduced-engine run-steps/s at each d (numba, all cores) and the full engine's at full_d.
+                    full_dtype="float32", repeat=3, device="cpu") -> dict:
+    """Reduced-engine run-steps/s at each d and the full engine's at full_d.
+
+    On ``device`` cpu the reduced chain is the ``numba`` backend (all cores), on cuda the
+    ``numba-cuda`` one (one thread per run, all steps in one launch); both float64.
 
     Returns {"reduced": {d: rate}, "reduced_per_cpu_s": {d: rate per CPU-second},
     "ratio_large_small": rate(max d)/rate(min d), "full": rate or None, "full_per_cpu_s",
@@ -61,7 +63,8 @@ def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=10
 
     def reduced(d):
         return lambda n: first_passage_reduced(
-            _config(d, k, runs, n, activation, "reduced"), level=2.0, max_steps=n)
+            _config(d, k, runs, n, activation, "reduced", device=device), level=2.0,
+            max_steps=n)
 
     reduced(min(d_values))(2)  # compile / load the kernels
     both = {int(d): _rate(reduced(d), runs, steps, repeat) for d in d_values}
@@ -71,10 +74,12 @@ def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=10
            "full": None, "ratio_to_full": None,
            "settings": {"k": k, "runs": runs, "steps": steps, "activation": activation,
                         "full_d": full_d, "full_steps": full_steps, "full_dtype": full_dtype,
-                        "backend": "numba (float64)"}}
+                        "device": device,
+                        "backend": ("numba-cuda" if device == "cuda" else "numba") + " (float64)"}}
     if full_d is not None:
         def full(n):
-            return simulate_full(_config(full_d, k, runs, n, activation, "full", full_dtype))
+            return simulate_full(_config(full_d, k, runs, n, activation, "full", full_dtype,
+                                         device=device))
 
         full(2)
         out["full"], out["full_per_cpu_s"] = _rate(full, runs, full_steps, repeat)

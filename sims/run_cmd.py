@@ -10,7 +10,7 @@ import warnings
 import click
 import numpy as np
 
-from dynamics.config import ENGINES, INITS, LEARNERS, SPARSE_SELECTIONS, RunConfig
+from dynamics.config import ENGINES, INITS, LEARNERS, SPARSE_SELECTIONS, STREAMS, RunConfig
 from dynamics.defaults import ETA_C, default_eta, default_steps
 from dynamics.engine import simulate
 from dynamics.instance import build_instance, load_spec
@@ -120,6 +120,10 @@ def _summary_line(traj, notes) -> str:
               help="auto: cuda when available.")
 @click.option("--engine", type=click.Choice(ENGINES), default="full",
               help="full (this engine), reduced (exact overlap chain) or auto.")
+@click.option("--streams", type=click.Choice(STREAMS), default="auto",
+              help="Full engine's example streams: one generator per run (run r's numbers "
+                   "independent of R) or one shared (one draw per chunk: fast on CUDA); "
+                   "auto: per_run on CPU, shared on CUDA.")
 @click.option("--out", required=True,
               help="Output HDF5 file (written atomically).")
 @click.option("--plot", default=None,
@@ -131,14 +135,15 @@ def _summary_line(traj, notes) -> str:
 def run(spec, learner, rank, retraction, prox, full_rank, width, train_second_layer, moment_order,
         sparse_rows, sparse_select, refit, refit_samples, joint_c, eta_c, no_project, eta,
         steps, runs, seed, batch, label_noise, init, checkpoints, spacing, xi_values,
-        instance_seeds, dtype, device, engine, out, plot, finite_d_theory, as_json):
+        instance_seeds, dtype, device, engine, streams, out, plot, finite_d_theory, as_json):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
     config, notes = run_config(
         spec, eta=eta, steps=steps, learner=learner, joint_c=joint_c, eta_c=eta_c,
         project=not no_project, runs=runs, seed=seed, batch=batch, label_noise=label_noise,
         init=init, checkpoints=checkpoints, spacing=spacing,
         xi_values=list(xi_values) or None, instance_seeds=instance_seeds, dtype=dtype,
-        device=device, engine=engine, finite_d_theory=finite_d_theory, rank=rank,
+        device=device, engine=engine, streams=streams, finite_d_theory=finite_d_theory,
+        rank=rank,
         retraction=retraction, prox=prox,
         full_rank=full_rank, width=width, train_second_layer=train_second_layer,
         moment_order=moment_order, sparse_rows=sparse_rows, sparse_select=sparse_select,

@@ -15,6 +15,11 @@ first-passage times. Per run:
 * T_strong — the step from which the overlap stays ≥ 1 − ε: the checkpoint after the last one
   below 1 − ε; never (NaN) if the last checkpoint is below.
 
+``mode = "first_passage"`` (reduced engine, finetune) records no trajectory: every run stops
+at its exact first passage of each level, so a cell costs the hitting times instead of the
+horizon, and T_strong is then the exact first passage of 1 − ε (strong recovery in the sense
+of Thm 11–13: the overlap reaches 1 − ε; ε should leave 1 − ε below the noise floor).
+
 Both are fitted as log T = a + b log d (:func:`sims.fit.fit_power_law`, bootstrap 95 % CI).
 """
 
@@ -40,7 +45,8 @@ __all__ = ["ScalingSpec", "ScalingResult", "load_scaling", "hitting_times", "ana
            "format_table", "plot_scaling", "write_scaling", "check_slope", "SCALING_KEYS"]
 
 SCALING_KEYS = ("d", "c", "horizon", "level", "epsilon", "checkpoints", "n_boot",
-                "boot_seed", "absolute", "eta_exponent", "horizon_exponent")
+                "boot_seed", "absolute", "eta_exponent", "horizon_exponent", "mode")
+MODES = ("trajectory", "first_passage")
 RESERVED = ("eta", "eta_times_d", "steps", "steps_per_d", "eta_d_exponent", "steps_d_exponent",
             "spacing", "checkpoints")
 
@@ -61,6 +67,7 @@ class ScalingSpec:
     absolute: bool = True
     eta_exponent: float = 1.0
     horizon_exponent: float = 1.0
+    mode: str = "trajectory"
 
     @property
     def strong_level(self) -> float:
@@ -139,6 +146,10 @@ def parse_scaling(data: dict, source=None) -> ScalingSpec:
         horizon_exponent=_number(table, "horizon_exponent", 1.0, lo=0))
     if not isinstance(spec.absolute, bool):
         raise SweepSpecError("[scaling] absolute must be true or false")
+    spec.mode = table.get("mode", "trajectory")
+    if spec.mode not in MODES:
+        raise SweepSpecError(f"[scaling] mode must be one of {', '.join(MODES)}, "
+                             f"got {spec.mode!r}")
     base.update(eta_times_d=spec.c, steps_per_d=spec.horizon, spacing="linear",
                 checkpoints=spec.checkpoints)
     if spec.eta_exponent != 1:  # only when set: default files resolve exactly as before
@@ -148,7 +159,11 @@ def parse_scaling(data: dict, source=None) -> ScalingSpec:
     base.setdefault("engine", "auto")
     meta = dict(data.get("sweep", {}))
     meta.setdefault("name", f"scaling {Path(source).stem}" if source else "scaling")
-    meta.update(first_passage=[spec.level], absolute=spec.absolute)
+    if spec.mode == "first_passage":
+        meta.update(first_passage=[spec.level, spec.strong_level], absolute=spec.absolute,
+                    trajectory=False)
+    else:
+        meta.update(first_passage=[spec.level], absolute=spec.absolute)
     sweep = {"sweep": meta, "base": base, "axes": {"d": spec.d}}
     spec.sweep = parse_sweep(sweep, source=source)
     return spec
@@ -160,8 +175,12 @@ def _signed(traj, absolute):
     return np.abs(ov) if absolute else ov
 
 
-def hitting_times(traj, level: float, strong_level: float, absolute: bool = True):
-    """(T_level (R,), T_strong (R,), source of T_level) for one cell; NaN = never."""
+def hitting_times(traj, level: float, strong_level: float, absolute: bool = True,
+                  strong_first_passage: bool = False):
+    """(T_level (R,), T_strong (R,), source of T_level) for one cell; NaN = never.
+
+    ``strong_first_passage``: T_strong is the exact first passage of ``strong_level``
+    (recorded by a first-passage-only cell) instead of "stays above from a checkpoint"."""
     ov = _signed(traj, absolute)
     steps = np.asarray(traj.steps, dtype=float)
     exact = traj.extra.get(f"first_passage_{level:g}")
@@ -171,10 +190,16 @@ def hitting_times(traj, level: float, strong_level: float, absolute: bool = True
         hit = ov >= level
         t_level = np.where(hit.any(1), steps[np.argmax(hit, axis=1)], np.nan)
         source = "first checkpoint at or above the level"
-    below = ~(ov >= strong_level)  # NaN counts as below
-    last = below.shape[1] - 1 - np.argmax(below[:, ::-1], axis=1)
-    t_strong = np.where(below.any(1), steps[np.minimum(last + 1, steps.size - 1)], 0.0)
-    t_strong[below[:, -1]] = np.nan
+    if strong_first_passage:
+        exact_strong = traj.extra.get(f"first_passage_{strong_level:g}")
+        if exact_strong is None:
+            raise ValueError(f"no exact first passage of {strong_level:g} in this cell")
+        t_strong = np.asarray(exact_strong, dtype=float).copy()
+    else:
+        below = ~(ov >= strong_level)  # NaN counts as below
+        last = below.shape[1] - 1 - np.argmax(below[:, ::-1], axis=1)
+        t_strong = np.where(below.any(1), steps[np.minimum(last + 1, steps.size - 1)], 0.0)
+        t_strong[below[:, -1]] = np.nan
     dead = np.asarray(traj.diverged_step) >= 0
     t_level[dead] = np.nan
     t_strong[dead] = np.nan
@@ -204,7 +229,8 @@ def analyse(sweep_path, spec: ScalingSpec) -> ScalingResult:
         raise ValueError(f"{sweep_path}: no finished cell for d = {missing[0]}")
     t_level, t_strong, source = [], [], ""
     for d in spec.d:
-        a, b, source = hitting_times(by_d[d].traj, spec.level, spec.strong_level, spec.absolute)
+        a, b, source = hitting_times(by_d[d].traj, spec.level, spec.strong_level, spec.absolute,
+                                     strong_first_passage=spec.mode == "first_passage")
         t_level.append(a)
         t_strong.append(b)
     result = ScalingResult(spec, np.array(spec.d), t_level, t_strong, source,
@@ -254,9 +280,10 @@ def _names(spec: ScalingSpec) -> dict:
 def format_table(result: ScalingResult) -> str:
     """The per-d table and the fitted slopes, as printed by ``loradyn scaling``."""
     spec, names = result.spec, _names(result.spec)
+    strong = ("exact first passage (no trajectory recorded)" if spec.mode == "first_passage"
+              else f"stays above from the next of {spec.checkpoints} linear checkpoints")
     lines = [result.title, f"{names['level']}: {result.level_source}; "
-             f"{names['strong']}: stays above from the next of {spec.checkpoints} linear "
-             "checkpoints" + (_overlap_note(result) if spec.absolute else "")]
+             f"{names['strong']}: {strong}" + (_overlap_note(result) if spec.absolute else "")]
     head = f"{'d':>9} {'runs':>5}"
     for key in ("level", "strong"):
         head += f" | {'reached':>7} {'median ' + names[key]:>22} " \

@@ -69,7 +69,8 @@ def _key(cell: Cell) -> str:
     data = cell.config.to_dict()
     data["instance"] = {k: v for k, v in data["instance"].items() if k not in BATCHABLE}
     data.pop("runs")
-    return json.dumps([data, cell.first_passage, cell.absolute], sort_keys=True, default=str)
+    return json.dumps([data, cell.first_passage, cell.absolute, cell.trajectory],
+                      sort_keys=True, default=str)
 
 
 def plan_batches(cells: list[Cell], batch: bool = True,
@@ -106,7 +107,12 @@ def run_batch(batch: Batch, progress: bool = False) -> list[Trajectory]:
     from dynamics.engine import choose_engine, simulate
 
     config = batch.config
-    traj = simulate(config, progress=progress)
+    if batch.cells[0].trajectory:
+        traj = simulate(config, progress=progress)
+    else:  # first passages only: the initial state is the one checkpoint
+        from dynamics.reduced import initial_trajectory
+
+        traj = initial_trajectory(config)
     levels = batch.cells[0].first_passage
     if levels and choose_engine(config) == "reduced":
         from dynamics.reduced import first_passage_reduced

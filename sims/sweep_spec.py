@@ -44,7 +44,7 @@ DERIVED = ("eta_times_d", "steps_per_d", "eta_d_exponent", "steps_d_exponent")
 CONFIG_AXES = _CONFIG_FIELDS + DERIVED
 AXES = tuple(INSTANCE_AXES) + CONFIG_AXES
 BOOL_FIELDS = ("joint_c", "project")
-SWEEP_KEYS = ("name", "first_passage", "absolute")
+SWEEP_KEYS = ("name", "first_passage", "absolute", "trajectory")
 TOP_KEYS = ("sweep", "base", "axes", "cases")
 # pairs that say the same thing two ways
 EXCLUSIVE = (("eta", "eta_times_d"), ("steps", "steps_per_d"), ("eta", "eta_d_exponent"),
@@ -63,6 +63,8 @@ class Cell:
     axes : the values this cell sets (axis name → value), including the case's keys.
     config : its validated RunConfig. first_passage : exact first-passage levels to record.
     hash : sha256 of the resolved config (identifies finished results on resume).
+    trajectory : False = no trajectory, only the first passages (each run stops at its hit
+    of each level; the cell stores the initial state as its one checkpoint).
     """
 
     index: int
@@ -71,6 +73,7 @@ class Cell:
     first_passage: tuple
     absolute: bool
     hash: str
+    trajectory: bool = True
 
     @property
     def name(self) -> str:
@@ -93,11 +96,13 @@ class SweepSpec:
     first_passage: tuple = ()
     absolute: bool = True
     source: str = ""
+    trajectory: bool = True
 
     def to_dict(self) -> dict:
         return {"name": self.name, "base": self.base, "instance": self.instance,
                 "axes": self.axes, "cases": self.cases,
-                "first_passage": list(self.first_passage), "absolute": self.absolute}
+                "first_passage": list(self.first_passage), "absolute": self.absolute,
+                "trajectory": self.trajectory}
 
     def dimensions(self) -> dict:
         """Axis name → list of values, with the cases as one dimension named ``case``."""
@@ -129,8 +134,18 @@ class SweepSpec:
             config = resolve_config(cfg, inst)
         except ValueError as exc:
             raise SweepSpecError(f"{where}: {exc}") from None
-        digest = cell_hash(config, self.first_passage, self.absolute)
-        return Cell(index, setting, config, self.first_passage, self.absolute, digest)
+        if not self.trajectory:
+            from dynamics.engine import choose_engine
+            from dynamics.reduced import reduced_supported
+
+            ok, why = reduced_supported(config)
+            if choose_engine(config) != "reduced" or config.learner != "finetune":
+                raise SweepSpecError(
+                    f"{where}: trajectory = false needs the reduced engine and the finetune "
+                    f"learner ({why or 'engine ' + repr(config.engine)})")
+        digest = cell_hash(config, self.first_passage, self.absolute, self.trajectory)
+        return Cell(index, setting, config, self.first_passage, self.absolute, digest,
+                    self.trajectory)
 
 
 def _fmt(value) -> str:
@@ -187,16 +202,18 @@ def _defaults() -> dict:
     return out
 
 
-def cell_hash(config: RunConfig, first_passage=(), absolute=True) -> str:
+def cell_hash(config: RunConfig, first_passage=(), absolute=True, trajectory=True) -> str:
     """sha256 of the resolved cell: format version, the config's fields that differ from
-    RunConfig's defaults (so a loradyn that adds a field keeps finished cells), and the
-    first-passage levels."""
+    RunConfig's defaults (so a loradyn that adds a field keeps finished cells), the
+    first-passage levels, and ``trajectory`` when False."""
     defaults = _defaults()
     data = {k: v for k, v in config.to_dict().items()
             if k not in defaults or v != defaults[k]}
-    blob = json.dumps({"format_version": SWEEP_FORMAT_VERSION, "config": data,
-                       "first_passage": [float(x) for x in first_passage],
-                       "absolute": bool(absolute)}, sort_keys=True, default=str)
+    cell = {"format_version": SWEEP_FORMAT_VERSION, "config": data,
+            "first_passage": [float(x) for x in first_passage], "absolute": bool(absolute)}
+    if not trajectory:
+        cell["trajectory"] = False
+    blob = json.dumps(cell, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -248,11 +265,17 @@ def _parse(data: dict, root: Path) -> SweepSpec:
     absolute = meta.get("absolute", True)
     if not isinstance(absolute, bool):
         raise SweepSpecError("[sweep] absolute must be true or false")
+    trajectory = meta.get("trajectory", True)
+    if not isinstance(trajectory, bool):
+        raise SweepSpecError("[sweep] trajectory must be true or false")
+    if not trajectory and not levels:
+        raise SweepSpecError("[sweep] trajectory = false records only first passages: "
+                             "give first_passage levels")
     name = meta.get("name", "sweep")
     if not isinstance(name, str):
         raise SweepSpecError("[sweep] name must be a string")
     return SweepSpec(base, instance, axes, cases, name, tuple(float(x) for x in levels),
-                     absolute)
+                     absolute, trajectory=trajectory)
 
 
 def _table(data: dict, key: str) -> dict:

@@ -374,9 +374,11 @@ def test_engine_runs_batched_equal_runs_alone(opts):
             "checkpoints": 6, "eval_size": 3000, "seed": 5} | opts
     many = simulate(RunConfig(**(base | {"runs": 3})))
     one = simulate(RunConfig(**(base | {"runs": 1})))
-    np.testing.assert_array_equal(many.overlap[:1], one.overlap)
-    np.testing.assert_array_equal(many.loss[:1], one.loss)
-    np.testing.assert_array_equal(many.extra["loss_linear"][:1], one.extra["loss_linear"])
+    # same streams; equal up to the BLAS blocking, which may differ with R on many cores
+    same = dict(rtol=1e-12, atol=0)
+    np.testing.assert_allclose(many.overlap[:1], one.overlap, **same)
+    np.testing.assert_allclose(many.loss[:1], one.loss, **same)
+    np.testing.assert_allclose(many.extra["loss_linear"][:1], one.extra["loss_linear"], **same)
     assert many.loss_kind == "exact" and np.isfinite(many.loss).all()
     assert not np.array_equal(many.loss[0], many.loss[1])
     again = simulate(RunConfig(**(base | {"runs": 3})))

@@ -137,3 +137,59 @@ def test_scaling_file_errors_are_one_line(tmp_path):
     bad.write_text("[scaling\n")
     with pytest.raises(SweepSpecError, match="not valid TOML"):
         load_scaling(bad)
+
+
+FP_SPEC = SPEC.replace("n_boot = 200", 'n_boot = 200\nmode = "first_passage"')
+
+
+def test_first_passage_mode_records_exact_hits_without_a_trajectory(tmp_path, monkeypatch):
+    """mode = first_passage: the cells hold the initial state and the exact first passages of
+    both levels; T_level equals trajectory mode's (same streams), T_strong is the direct
+    first passage of 1 − ε and never after trajectory mode's "stays above" time."""
+    from dynamics.reduced import first_passage_reduced
+    from sims.sweep_io import read_sweep
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fp.toml").write_text(FP_SPEC)
+    (tmp_path / "tr.toml").write_text(SPEC)
+    for name in ("fp", "tr"):
+        res = CliRunner().invoke(cli, ["scaling", f"{name}.toml", "--out", f"{name}.h5"],
+                                 catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        if name == "fp":
+            assert "T_(1−ε=0.7): exact first passage (no trajectory recorded)" in res.output
+    with h5py.File("fp.h5", "r") as f, h5py.File("tr.h5", "r") as g:
+        fp_level, tr_level = f["scaling/t_level"][()], g["scaling/t_level"][()]
+        fp_strong, tr_strong = f["scaling/t_strong"][()], g["scaling/t_strong"][()]
+        assert json.loads(f["scaling"].attrs["settings"])["mode"] == "first_passage"
+    np.testing.assert_array_equal(fp_level, tr_level)
+    both = np.isfinite(fp_strong) & np.isfinite(tr_strong)
+    assert both.mean() > 0.5 and np.all(fp_strong[both] <= tr_strong[both])
+    assert np.isfinite(fp_strong[np.isfinite(tr_strong)]).all()  # stays above ⇒ reached
+    _meta, cells = read_sweep("fp.h5")
+    for i, cell in enumerate(sorted(cells, key=lambda c: c.config["instance"]["d"])):
+        assert list(cell.traj.steps) == [0]
+        from dynamics.config import RunConfig
+
+        config = RunConfig.from_dict(cell.config)
+        np.testing.assert_array_equal(fp_strong[i], first_passage_reduced(config, 0.7))
+        np.testing.assert_array_equal(fp_level[i], first_passage_reduced(config, 0.5))
+
+
+@pytest.mark.parametrize("data, message", [
+    (base(mode="fast"), "mode must be one of trajectory, first_passage"),
+])
+def test_bad_scaling_mode(data, message):
+    with pytest.raises(SweepSpecError, match=message):
+        parse_scaling(data)
+
+
+def test_first_passage_mode_needs_the_reduced_finetune_chain():
+    data = base(mode="first_passage")
+    data["base"]["engine"] = "full"
+    with pytest.raises(SweepSpecError, match="trajectory = false needs the reduced engine"):
+        parse_scaling(data).sweep.cells()
+    data = base(mode="first_passage")
+    data["base"]["learner"] = "scratch"
+    with pytest.raises(SweepSpecError, match="needs the reduced engine and the finetune"):
+        parse_scaling(data).sweep.cells()

@@ -117,6 +117,13 @@ def test_instance_may_be_a_path(tmp_path):
     ({"base": {"runs": 2}, "axes": {"xi": [1.0]}}, "[base.instance] is required"),
     ({"base": BASE, "axes": {"xi": [1.0]}, "sweep": {"first_passage": "x"}},
      "first_passage must be a list"),
+    ({"base": BASE, "axes": {"xi": [1.0]}, "sweep": {"trajectory": False}},
+     "trajectory = false records only first passages: give first_passage levels"),
+    ({"base": BASE, "axes": {"xi": [1.0]}, "sweep": {"trajectory": "no"}},
+     "trajectory must be true or false"),
+    ({"base": BASE | {"engine": "full"}, "axes": {"xi": [1.0]},
+      "sweep": {"trajectory": False, "first_passage": [0.5]}},
+     "trajectory = false needs the reduced engine"),
 ])
 def test_malformed_sweep_files_name_the_problem(data, message):
     with pytest.raises(SweepSpecError, match="^sweep") as err:
@@ -177,3 +184,13 @@ def test_example_files_parse():
         assert [c.config.instance["d"] for c in cells] == spec.d
         assert all(c.config.eta * c.config.instance["d"] ** spec.eta_exponent
                    == pytest.approx(spec.c) for c in cells)
+
+
+def test_first_passage_only_cells_hash_apart_and_batch_apart():
+    traj = parse_sweep({"base": BASE | {"engine": "reduced"}, "axes": {"xi": [1.0]},
+                        "sweep": {"first_passage": [0.5]}}).cells()
+    fp = parse_sweep({"base": BASE | {"engine": "reduced"}, "axes": {"xi": [1.0]},
+                      "sweep": {"first_passage": [0.5], "trajectory": False}}).cells()
+    assert traj[0].trajectory and not fp[0].trajectory
+    assert traj[0].hash != fp[0].hash
+    assert len(plan_batches(traj + fp)) == 2

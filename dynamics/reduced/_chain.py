@@ -84,10 +84,10 @@ def _record(c, r, prm, pw, mu, nu, chat, project, cp_m, cp_mu, cp_nu, cp_pw, cp_
     cp_m[r, c] = _overlap(prm, pw, mu, project)
     cp_mu[r, c] = mu
     cp_nu[r, c] = nu
-    if cp_pw.shape[2] > 0:
-        cp_pw[r, c, :] = pw
-    if cp_chat.shape[2] > 0:
-        cp_chat[r, c, :] = chat
+    for i in range(cp_pw.shape[2]):  # element loops: a slice assignment needs NRT on CUDA
+        cp_pw[r, c, i] = pw[i]
+    for i in range(cp_chat.shape[2]):
+        cp_chat[r, c, i] = chat[i]
 
 
 N_WORK_K = 11  # rows of the per-run scratch ``wk`` (length k each), see :func:`run_one`

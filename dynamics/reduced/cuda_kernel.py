@@ -14,6 +14,8 @@ same kernel source thread by thread.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from numba import cuda
 
@@ -63,11 +65,14 @@ def advance(project, joint, L_all, ident_all, prm_all, inst_idx, code, hp, dof, 
     no3 = cuda.device_array((0, 0, 0))
     no2 = cuda.device_array((0, 0))
     blocks = (runs + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
-    _advance_kernel[blocks, THREADS_PER_BLOCK](
-        project, joint, dev["L"], dev["ident"], dev["prm"], dev["idx"], code, hp, dof, eta,
-        eta_c, batch, noise_sd, dev["states"], dev["mu"], dev["nu"], dev["pw"], dev["chat"],
-        n_steps, dev["cp"], dev["cp_m"], dev["cp_mu"], dev["cp_nu"], dev["cp_pw"],
-        dev["cp_chat"], dev["div"], stop_level, stop_abs, dev["hit"], wk, wb, zs, no3, no2)
+    with warnings.catch_warnings():  # few runs → few blocks, by the caller's choice
+        warnings.filterwarnings("ignore", message=".*Grid size .* under-utilization")
+        _advance_kernel[blocks, THREADS_PER_BLOCK](
+            project, joint, dev["L"], dev["ident"], dev["prm"], dev["idx"], code, hp, dof, eta,
+            eta_c, batch, noise_sd, dev["states"], dev["mu"], dev["nu"], dev["pw"],
+            dev["chat"], n_steps, dev["cp"], dev["cp_m"], dev["cp_mu"], dev["cp_nu"],
+            dev["cp_pw"], dev["cp_chat"], dev["div"], stop_level, stop_abs, dev["hit"], wk, wb,
+            zs, no3, no2)
     for name, host in (("states", states), ("mu", mu), ("nu", nu), ("pw", pw),
                        ("chat", chat), ("cp_m", cp_m), ("cp_mu", cp_mu), ("cp_nu", cp_nu),
                        ("cp_pw", cp_pw), ("cp_chat", cp_chat), ("div", div_step),

@@ -22,7 +22,7 @@ from . import _kernel, glm_chain, rank_simulate, torch_chain
 from .params import ChainParams, pack_instances
 
 __all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced",
-           "first_passage_reduced"]
+           "first_passage_reduced", "initial_trajectory"]
 
 ENGINE = "reduced"
 BACKENDS = ("numba", "numba-cuda", "torch")
@@ -145,13 +145,33 @@ def simulate_reduced(config: RunConfig, *, backend: str | None = None,
         return glm_chain.simulate_glm(config, backend=backend, _chi2_dof=_chi2_dof)
     if config.learner == "lora":
         return rank_simulate.simulate_rank_reduced(config)
+    steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
+    return _record(config, backend, steps, _chi2_dof)
+
+
+def initial_trajectory(config: RunConfig, *, backend: str | None = None) -> Trajectory:
+    """The runs' initial state only (one checkpoint, step 0), exactly as
+    :func:`simulate_reduced` records it; what a first-passage-only scaling cell stores
+    beside its exact hitting times (:func:`first_passage_reduced`, same streams). Rank-1
+    ``finetune`` chain only."""
+    config.validate()
+    ok, why = reduced_supported(config)
+    if not ok:
+        raise ValueError(why)
+    if config.learner != "finetune":
+        raise ValueError(f"initial_trajectory: learner {config.learner!r} is not supported "
+                         "(finetune only)")
+    return _record(config, backend, np.zeros(1, dtype=np.int64), None)
+
+
+def _record(config, backend, steps, dof) -> Trajectory:
+    """Run the rank-1 chain to ``steps[-1]``, recording at ``steps``."""
     instances = config.run_instances()
     params = pack_instances(instances)
     backend, device = _choose_backend(config, backend, instances[0].activation.name)
     states, mu, nu, m0 = _initial_state(config, params, instances)
-    steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
     rec, div, _ = _run(config, params, instances, backend, device, mu, nu, states, steps,
-                       int(steps[-1]), dof=_chi2_dof)
+                       int(steps[-1]), dof=dof)
     return _trajectory(config, instances, steps, rec, div, m0, backend, device)
 
 
