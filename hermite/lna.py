@@ -48,7 +48,7 @@ import numpy as np
 import scipy.special
 import scipy.stats
 
-from .corrected_ode import _ckpts, _lna, _mu0, drift_table
+from .corrected_ode import _ckpts, _lna, _mu0, drift_table, flow_block
 from .noise import h_tilde
 
 __all__ = ["TheoryBand", "theory_band", "initial_law", "drift_table_sign", "Z90"]
@@ -128,7 +128,8 @@ def theory_band(instance, eta, d, steps, *, m0=None, init="uniform", method="mix
     if method == "gaussian":
         mu0 = _mu0(instance, [mean0])
         mean, var = _lna(mu0, np.array([var0 / up**2]), ck, tab.fine_drift, tab.fine_dprime,
-                         tab.fine_dsecond, tab.fine_var, tab.dth, closure)
+                         tab.fine_dsecond, tab.fine_var, tab.dth, closure,
+                      flow_block(tab, ck))
         mean, sd = up * mean[0], up * np.sqrt(var[0])
         z = scipy.stats.norm.ppf(quantiles)
         return TheoryBand(ck, mean, sd, mean + z[0] * sd, mean + z[1] * sd, tuple(quantiles),
@@ -137,7 +138,8 @@ def theory_band(instance, eta, d, steps, *, m0=None, init="uniform", method="mix
         raise ValueError(f"method must be 'mixture' or 'gaussian', got {method!r}")
     mu0 = _mu0(instance, m_nodes)
     means, var = _lna(mu0, np.zeros(mu0.size), ck, tab.fine_drift, tab.fine_dprime,
-                      tab.fine_dsecond, tab.fine_var, tab.dth, closure)
+                      tab.fine_dsecond, tab.fine_var, tab.dth, closure,
+                      flow_block(tab, ck))
     means, sds = up * means, up * np.sqrt(var)
     mean = means.mean(axis=0)
     sd = np.sqrt((sds**2).mean(axis=0) + means.var(axis=0))

@@ -201,3 +201,28 @@ def test_max_step_size(spec, eps):
     assert fl[0] > 1 - eps > fl[1]
     assert rep.eta_theorem < rep.eta_max and rep.floor_at_theorem**2 > 1 - eps
     assert rep.theorem == ("13" if spec.get("W") == "separated" else "11")
+
+
+def test_corrected_maps_switch_to_their_flow_on_long_horizons(teacher_inst, monkeypatch):
+    """corrected_ode and theory_band beyond MAP_STEPS_MAX: RK4 blocks of the flow, within
+    O(η) of the step-by-step maps (mean, closure and band)."""
+    import importlib
+
+    cmod = importlib.import_module("hermite.corrected_ode")  # the package re-exports the name
+    eta = 2e-5
+    tab = drift_table(teacher_inst, eta, 200, grid=65, samples=SMALL)
+    m0 = np.array([0.05, 0.2, -0.1])
+    steps = np.array([0, 1000, 20_001, 100_000, 300_007])
+    ref = [corrected_ode(teacher_inst, eta, 200, m0, steps, table=tab),
+           corrected_ode(teacher_inst, eta, 200, m0, steps, table=tab, closure=True),
+           theory_band(teacher_inst, eta, 200, steps, m0=m0, table=tab)]
+    monkeypatch.setattr(cmod, "MAP_STEPS_MAX", 500)
+    assert cmod.flow_block(tab, steps) > 50
+    new = [corrected_ode(teacher_inst, eta, 200, m0, steps, table=tab),
+           corrected_ode(teacher_inst, eta, 200, m0, steps, table=tab, closure=True),
+           theory_band(teacher_inst, eta, 200, steps, m0=m0, table=tab)]
+    for a, b in zip(ref[:2], new[:2], strict=True):
+        assert 0 < np.max(np.abs(a - b)) < 20 * eta
+    for field in ("mean", "sd", "lower", "upper"):
+        a, b = getattr(ref[2], field), getattr(new[2], field)
+        assert np.max(np.abs(a - b)) < 20 * eta, field

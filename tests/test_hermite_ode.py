@@ -120,3 +120,21 @@ def test_ode_argument_errors():
     out = population_ode(inst, 0.1, 0.2, [0, 0, 3])
     assert out.shape == (1, 3) and out[0, 0] == out[0, 1] == 0.2
     assert ode_continuous(inst, 0.1, [0.2, 0.3], [0]).shape == (2, 1)
+
+
+def test_long_horizons_integrate_the_flow_in_rk4_blocks(monkeypatch):
+    """Beyond MAP_STEPS_MAX steps the map is replaced by RK4 blocks of its flow: equal to the
+    exact flow (DOP853) to RK4 accuracy and to the step-by-step map up to O(η)."""
+    import hermite.ode as ode_mod
+
+    inst = _inst(activation="tanh", k=6, xi=1.5, seed=2)
+    m0 = np.array([0.05, -0.3, 0.001])
+    eta = 1e-5
+    steps = np.linspace(0, int(6.0 / eta), 7).astype(int) + np.array([0, 3, 0, 11, 0, 0, 5])
+    exact_map = population_ode(inst, eta, m0, steps)
+    monkeypatch.setattr(ode_mod, "MAP_STEPS_MAX", 1000)
+    assert ode_mod._flow_block(HTable.for_instance(inst), eta, inst.u_perp, steps) > 100
+    flow = population_ode(inst, eta, m0, steps)
+    np.testing.assert_allclose(flow, ode_continuous(inst, eta, m0, steps), rtol=0, atol=1e-8)
+    gap = np.max(np.abs(flow - exact_map))
+    assert 1e-9 < gap < 20 * eta
