@@ -115,11 +115,11 @@ def run_batch(batch: Batch, progress: bool = False) -> list[Trajectory]:
         traj = initial_trajectory(config)
     levels = batch.cells[0].first_passage
     if levels and choose_engine(config) == "reduced":
-        from dynamics.reduced import first_passage_reduced
+        from dynamics.reduced import first_passages_reduced
 
-        for level in levels:
-            traj.extra[f"first_passage_{level:g}"] = first_passage_reduced(
-                config, level, absolute=batch.cells[0].absolute)
+        hits = first_passages_reduced(config, levels, absolute=batch.cells[0].absolute)
+        for level, hit in zip(levels, hits, strict=True):
+            traj.extra[f"first_passage_{level:g}"] = hit
     return [split_trajectory(traj, off, c.config.runs)
             for c, off in zip(batch.cells, batch.offsets, strict=True)]
 

@@ -8,7 +8,12 @@ from scipy import stats
 import hermite
 from dynamics.config import RunConfig
 from dynamics.engine import simulate
-from dynamics.reduced import first_passage_reduced, reduced_supported, simulate_reduced
+from dynamics.reduced import (
+    first_passage_reduced,
+    first_passages_reduced,
+    reduced_supported,
+    simulate_reduced,
+)
 
 
 def _config(**kw):
@@ -120,6 +125,30 @@ def test_first_passage_matches_the_trajectory():
     other = first_passage_reduced(config, level, backend="torch")  # same law, other numbers
     assert np.isfinite(other).mean() > 0.5
     assert abs(np.nanmedian(other) - np.nanmedian(got)) < 0.3 * np.nanmedian(got)
+
+
+@pytest.mark.parametrize("opts", [
+    dict(),
+    dict(joint_c=True, instance_seeds="per_run", xi_values=[0.5, 2.0]),
+    dict(project=False, joint_c=True, batch=3, label_noise=0.1,
+         instance=dict(activation="tanh", k=5, d=60, xi=1.0, seed=2, u_alpha=0.3)),
+], ids=["frozen", "joint-per-run-xi", "unprojected-batch"])
+def test_first_passages_of_several_levels_in_one_pass_equal_separate_passes(opts):
+    """Resuming each run after its hit of a level (its chain and stream state) gives exactly
+    the hitting times of separate passes, in any level order, with runs that start above a
+    level (0) and runs that never reach one within the horizon (NaN)."""
+    config = _config(runs=24, steps=900, init="uniform", **opts)
+    levels = [0.6, 0.05, 0.3, 0.85]
+    got = first_passages_reduced(config, levels)
+    for level, row in zip(levels, got, strict=True):
+        np.testing.assert_array_equal(row, first_passage_reduced(config, level))
+    assert (got[1] == 0).any() or (got[1] < got[2]).all()
+    assert np.isfinite(got[2]).mean() > 0.3
+    short = first_passages_reduced(config, levels, max_steps=150)
+    for level, row in zip(levels, short, strict=True):
+        np.testing.assert_array_equal(row, first_passage_reduced(config, level, max_steps=150))
+    with pytest.raises(ValueError, match="levels must be finite"):
+        first_passages_reduced(config, [0.5, float("nan")])
 
 
 def test_torch_backend_float32():

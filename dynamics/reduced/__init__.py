@@ -61,10 +61,11 @@ from .simulate import (  # noqa: E402
     BACKENDS,
     ENGINE,
     first_passage_reduced,
+    first_passages_reduced,
     initial_trajectory,
     reduced_supported,
     simulate_reduced,
 )
 
 __all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced", "first_passage_reduced",
-           "initial_trajectory"]
+           "first_passages_reduced", "initial_trajectory"]

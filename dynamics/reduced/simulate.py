@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numba
@@ -22,7 +23,7 @@ from . import _kernel, glm_chain, rank_simulate, torch_chain
 from .params import ChainParams, pack_instances
 
 __all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced",
-           "first_passage_reduced", "initial_trajectory"]
+           "first_passage_reduced", "first_passages_reduced", "initial_trajectory"]
 
 ENGINE = "reduced"
 BACKENDS = ("numba", "numba-cuda", "torch")
@@ -80,10 +81,12 @@ def _initial_state(config: RunConfig, params: ChainParams, instances):
 
 
 def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps,
-         stop_level=math.inf, stop_abs=True, dof=None):
+         stop_level=math.inf, stop_abs=True, dof=None, pw=None, chat=None):
     """Advance all runs; returns (records dict (R, C[, k]), div_step, hit_step).
 
     ``dof`` overrides the χ² degrees of freedom d − k − 2 (tests: a deliberately wrong law).
+    ``pw``/``chat`` (numba backends): the runs' p and ĉ to start from, advanced in place like
+    ``states``, μ and ν (default: p = 0 and the instances' ĉ).
     """
     runs, k = config.runs, params.k
     act = instances[0].activation
@@ -91,7 +94,8 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
     common = dict(project=config.project, joint=config.joint_c, dof=dof, eta=config.eta,
                   eta_c=config.step_size_c, batch=config.batch,
                   noise_sd=math.sqrt(config.label_noise))
-    chat = params.c_hat0.copy()
+    chat = params.c_hat0.copy() if chat is None else chat
+    pw = np.zeros((runs, k)) if pw is None else pw
     if backend == "torch":
         dt = resolve_dtype(config.dtype)
 
@@ -100,7 +104,7 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
 
         return torch_chain.advance(
             torch_chain.TorchParams.from_params(params, device, dt), act, **common,
-            mu=t(mu), nu=t(nu), pw=t(np.zeros((runs, k))), chat=t(chat), n_steps=n_steps,
+            mu=t(mu), nu=t(nu), pw=t(pw), chat=t(chat), n_steps=n_steps,
             cp_steps=cp, seed=run_seed(config.seed, 1, "data"), stop_level=stop_level,
             stop_abs=stop_abs)
     n_cp = len(cp)
@@ -121,7 +125,7 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
         advance(
             config.project, config.joint_c, params.L, params.ident, params.prm,
             params.inst_idx, code, hp, dof, float(config.eta), float(config.step_size_c),
-            config.batch, common["noise_sd"], states, mu, nu, np.zeros((runs, k)), chat,
+            config.batch, common["noise_sd"], states, mu, nu, pw, chat,
             n_steps, np.asarray(cp, dtype=np.int64), rec["m"], rec["mu"], rec["nu"],
             rec["pw"], rec["chat"], div, float(stop_level), stop_abs, hit)
     rec["pw"] = rec["pw"] if not config.project else None
@@ -205,15 +209,72 @@ def first_passage_reduced(config: RunConfig, level: float, max_steps: int | None
                                            backend=backend)
     if config.learner == "lora":  # all r singular values ≥ level (absolute by nature)
         return rank_simulate.first_passage_rank(config, level, max_steps)
+    return first_passages_reduced(config, [level], max_steps, absolute=absolute,
+                                  backend=backend)[0]
+
+
+def first_passages_reduced(config: RunConfig, levels, max_steps: int | None = None, *,
+                           absolute: bool = True, backend: str | None = None) -> np.ndarray:
+    """(L, R) first steps at which m ≥ each of ``levels`` (|m| if ``absolute``), NaN if not
+    by max_steps; the same numbers as :func:`first_passage_reduced` level by level.
+
+    Rank-1 chain: ONE pass per run over the sorted levels: after its hit of one level a run
+    resumes from its full state (chain and stream) towards the next, so a run costs its
+    hitting time of the highest level it reaches. Other learners: one pass per level.
+    """
+    levels = [float(x) for x in levels]
+    if not levels or not all(math.isfinite(x) for x in levels):
+        raise ValueError(f"levels must be finite numbers, got {levels}")
+    config.validate()
+    ok, why = reduced_supported(config)
+    if not ok:
+        raise ValueError(why)
+    if config.learner == "glm":
+        return np.array([glm_chain.first_passage_glm(config, x, max_steps, absolute=absolute,
+                                                     backend=backend) for x in levels])
+    if config.learner == "lora":  # all r singular values ≥ level (absolute by nature)
+        return np.array([rank_simulate.first_passage_rank(config, x, max_steps)
+                         for x in levels])
     instances = config.run_instances()
     params = pack_instances(instances)
     backend, device = _choose_backend(config, backend, instances[0].activation.name)
     states, mu, nu, m0 = _initial_state(config, params, instances)
-    n = int(config.steps if max_steps is None else max_steps)
-    _, _, hit = _run(config, params, instances, backend, device, mu, nu, states,
-                     np.zeros(0, dtype=np.int64), n, float(level), absolute)
-    out = hit.astype(float)
-    out[hit < 0] = np.nan
-    start = (np.abs(m0) if absolute else m0) >= level
+    horizon = int(config.steps if max_steps is None else max_steps)
+    runs, k = config.runs, params.k
+    pw, chat = np.zeros((runs, k)), params.c_hat0.copy()
+    out = np.full((len(levels), runs), np.nan)
+    order = np.argsort(levels, kind="stable")
+    elapsed = np.zeros(runs, dtype=np.int64)  # steps taken so far (= last hit)
+    alive = np.ones(runs, dtype=bool)  # hit every lower level within the horizon
+    for j in order:
+        level = levels[j]
+        now = params.prm[params.inst_idx, 4 * k] * mu
+        if not config.project:
+            now = now + np.einsum("ri,ri->r", pw, params.prm[params.inst_idx, 3 * k:4 * k])
+        already = alive & ((np.abs(now) if absolute else now) >= level)
+        out[j, already] = elapsed[already]
+        todo = alive & ~already
+        if not todo.any():
+            continue
+        if backend == "torch" and len(levels) > 1:  # no resumable state: fresh pass
+            out[j] = first_passages_reduced(config, [level], max_steps, absolute=absolute,
+                                            backend=backend)[0]
+            continue
+        sel = np.flatnonzero(todo)  # only these runs move; each keeps its own stream
+        sub = (dataclasses.replace(config, runs=sel.size),
+               dataclasses.replace(params, inst_idx=params.inst_idx[sel],
+                                   c_hat0=params.c_hat0[sel]))
+        st, m_, n_, p_, c_ = states[sel], mu[sel], nu[sel], pw[sel], chat[sel]
+        _, div, hit = _run(sub[0], sub[1], instances, backend, device, m_, n_, st,
+                           np.zeros(0, dtype=np.int64), int(horizon - elapsed[sel].min()),
+                           level, absolute, pw=p_, chat=c_)
+        states[sel], mu[sel], nu[sel], pw[sel], chat[sel] = st, m_, n_, p_, c_
+        total = elapsed[sel] + hit
+        ok = (hit >= 0) & (div < 0) & (total <= horizon)
+        out[j, sel[ok]] = total[ok]
+        elapsed[sel[ok]] = total[ok]
+        alive = already.copy()
+        alive[sel[ok]] = True
+    start = (np.abs(m0) if absolute else m0)[None, :] >= np.asarray(levels)[:, None]
     out[start] = 0.0
     return out
