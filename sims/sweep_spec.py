@@ -135,11 +135,10 @@ class SweepSpec:
         except ValueError as exc:
             raise SweepSpecError(f"{where}: {exc}") from None
         if not self.trajectory:
-            from dynamics.engine import choose_engine
             from dynamics.reduced import reduced_supported
 
-            ok, why = reduced_supported(config)
-            if choose_engine(config) != "reduced" or config.learner != "finetune":
+            ok, why = reduced_supported(config)  # what engine "auto" would choose by
+            if config.engine == "full" or not ok or config.learner != "finetune":
                 raise SweepSpecError(
                     f"{where}: trajectory = false needs the reduced engine and the finetune "
                     f"learner ({why or 'engine ' + repr(config.engine)})")

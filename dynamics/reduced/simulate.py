@@ -236,8 +236,11 @@ def first_passages_reduced(config: RunConfig, levels, max_steps: int | None = No
         return np.array([rank_simulate.first_passage_rank(config, x, max_steps)
                          for x in levels])
     instances = config.run_instances()
-    params = pack_instances(instances)
     backend, device = _choose_backend(config, backend, instances[0].activation.name)
+    if backend == "torch" and len(levels) > 1:  # no resumable state: a fresh pass per level
+        return np.array([first_passages_reduced(config, [x], max_steps, absolute=absolute,
+                                                backend=backend)[0] for x in levels])
+    params = pack_instances(instances)
     states, mu, nu, m0 = _initial_state(config, params, instances)
     horizon = int(config.steps if max_steps is None else max_steps)
     runs, k = config.runs, params.k
@@ -256,16 +259,12 @@ def first_passages_reduced(config: RunConfig, levels, max_steps: int | None = No
         todo = alive & ~already
         if not todo.any():
             continue
-        if backend == "torch" and len(levels) > 1:  # no resumable state: fresh pass
-            out[j] = first_passages_reduced(config, [level], max_steps, absolute=absolute,
-                                            backend=backend)[0]
-            continue
         sel = np.flatnonzero(todo)  # only these runs move; each keeps its own stream
-        sub = (dataclasses.replace(config, runs=sel.size),
-               dataclasses.replace(params, inst_idx=params.inst_idx[sel],
-                                   c_hat0=params.c_hat0[sel]))
+        sub_config = dataclasses.replace(config, runs=sel.size)
+        sub_params = dataclasses.replace(params, inst_idx=params.inst_idx[sel],
+                                         c_hat0=params.c_hat0[sel])
         st, m_, n_, p_, c_ = states[sel], mu[sel], nu[sel], pw[sel], chat[sel]
-        _, div, hit = _run(sub[0], sub[1], instances, backend, device, m_, n_, st,
+        _, div, hit = _run(sub_config, sub_params, instances, backend, device, m_, n_, st,
                            np.zeros(0, dtype=np.int64), int(horizon - elapsed[sel].min()),
                            level, absolute, pw=p_, chat=c_)
         states[sel], mu[sel], nu[sel], pw[sel], chat[sel] = st, m_, n_, p_, c_
