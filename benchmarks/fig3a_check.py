@@ -26,7 +26,7 @@ import numpy as np
 
 from dynamics.config import RunConfig
 from dynamics.engine import simulate
-from sims.figures.recipe import unit_row_instance
+from sims.experiments.figures.recipe import unit_row_instance
 
 FRACTIONS = (0.001, 0.01, 0.1, 0.33, 1.0)  # checkpoints (fractions of T) printed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import __version__
+from sims import __version__
 
 
 class LoradynGroup(click.Group):
@@ -28,14 +28,14 @@ def cli():
 
 
 def _register():
-    from .bench import bench
-    from .hermite_cmd import hermite
-    from .plot_cmd import plot
-    from .reproduce_cmd import reproduce
-    from .run_cmd import run
-    from .scaling_cmd import scaling
-    from .show_cmd import show
-    from .sweep_cmd import sweep
+    from sims.commands.bench import bench
+    from sims.commands.hermite import hermite
+    from sims.commands.plot import plot
+    from sims.commands.reproduce import reproduce
+    from sims.commands.run import run
+    from sims.commands.scaling import scaling
+    from sims.commands.show import show
+    from sims.commands.sweep import sweep
 
     for command in (run, show, hermite, sweep, plot, scaling, reproduce, bench):
         cli.add_command(command)

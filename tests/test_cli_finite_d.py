@@ -6,7 +6,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from sims.cli import cli
-from sims.io import read_trajectory
+from sims.io.trajectory import read_trajectory
 
 SPEC = {"activation": "relu", "k": 5, "d": 200, "xi": 1.0, "W": "orthonormal", "seed": 1}
 

@@ -125,7 +125,7 @@ def test_cli_run_defaults_without_theory(tmp_path):
 
     from dynamics.defaults import ETA_C
     from sims.cli import cli
-    from sims.io import read_trajectory
+    from sims.io.trajectory import read_trajectory
 
     spec = tmp_path / "appb.toml"
     spec.write_text('activation = "relu"\nk = 3\nd = 20\nxi = 1.5\nconvention = "appB"\n')

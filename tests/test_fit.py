@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sims.fit import censored_median, fit_power_law
+from sims.experiments.fit import censored_median, fit_power_law
 
 
 @pytest.mark.parametrize("true_slope", [1.0, 2.0])

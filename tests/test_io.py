@@ -11,7 +11,7 @@ import pytest
 
 from dynamics.config import RunConfig
 from dynamics.engine import simulate
-from sims import io
+from sims.io import trajectory as io
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_check_writable(tmp_path):
 
 
 def test_schema_doc_lists_every_dataset():
-    doc = (io.Path(io.__file__).resolve().parent.parent / "docs" / "hdf5-schema.md").read_text()
+    doc = (io.Path(io.__file__).resolve().parents[2] / "docs" / "hdf5-schema.md").read_text()
     for name in io.DATASETS:
         assert f"`{name}`" in doc
     for attr in io.STRING_ATTRS + ("format_version", "seed", "complete"):

@@ -19,8 +19,8 @@ from dynamics.instance import build_instance
 from dynamics.learners import Problem
 from dynamics.learners.glm import GLM, glm_drift, glm_loss, glm_ode
 from dynamics.reduced import first_passage_reduced, glm_chain, reduced_supported, simulate_reduced
-from sims.scaling import parse_scaling
-from sims.sweep_spec import resolve_config
+from sims.experiments.scaling import parse_scaling
+from sims.experiments.sweep_spec import resolve_config
 
 F64 = torch.float64
 K, D, R = 3, 9, 3

@@ -14,10 +14,10 @@ from click.testing import CliRunner  # noqa: E402
 from dynamics.config import RunConfig  # noqa: E402
 from dynamics.engine import simulate  # noqa: E402
 from sims.cli import cli  # noqa: E402
-from sims.io import write_trajectory  # noqa: E402
-from sims.plot import load_curves, plot_curves  # noqa: E402
-from sims.sweep import run_sweep  # noqa: E402
-from sims.sweep_spec import parse_sweep  # noqa: E402
+from sims.experiments.sweep import run_sweep  # noqa: E402
+from sims.experiments.sweep_spec import parse_sweep  # noqa: E402
+from sims.io.trajectory import write_trajectory  # noqa: E402
+from sims.plots.curves import load_curves, plot_curves  # noqa: E402
 
 INSTANCE = {"activation": "relu", "k": 3, "d": 20, "seed": 1}
 
@@ -179,7 +179,7 @@ def labelled(ax, prefix=""):
 
 
 def trajectory(path):
-    from sims.io import read_trajectory
+    from sims.io.trajectory import read_trajectory
 
     traj, _ = read_trajectory(path)
     assert not traj.diverged.any()
@@ -298,7 +298,7 @@ def test_refit_loss_with_population_refit_and_base_loss(learner_files):
 
 def test_aligned_c_overlap_counts_sign_flipped_runs_as_aligned():
     from dynamics.trajectory import Trajectory
-    from sims.plot import Curve, aligned_c_overlap
+    from sims.plots.curves import Curve, aligned_c_overlap
 
     steps = np.array([0, 10, 100])
     m = np.array([[0.1, 0.5, 0.9], [-0.1, -0.5, -0.9], [0.2, -0.4, -0.8], [0.1, 0.6, 0.95]])

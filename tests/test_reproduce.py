@@ -18,13 +18,13 @@ import pytest  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from dynamics.learners import LEARNERS  # noqa: E402
-from sims import reproduce_cmd  # noqa: E402
 from sims.cli import cli  # noqa: E402
-from sims.figures import FIGURES, fig2  # noqa: E402
-from sims.figures.recipe import convention_caption, with_convention  # noqa: E402
-from sims.reproduce import check_convention, figure_paths, render, update_readme  # noqa: E402
-from sims.sweep_io import read_sweep  # noqa: E402
-from sims.sweep_spec import parse_sweep  # noqa: E402
+from sims.commands import reproduce as reproduce_cmd  # noqa: E402
+from sims.experiments.figures import FIGURES, fig2  # noqa: E402
+from sims.experiments.figures.recipe import convention_caption, with_convention  # noqa: E402
+from sims.experiments.reproduce import check_convention, figure_paths, render, update_readme  # noqa: E402
+from sims.experiments.sweep_spec import parse_sweep  # noqa: E402
+from sims.io.sweep import read_sweep  # noqa: E402
 
 INTRO = "# results/\n\nCurated outputs; intro kept.\n"
 

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from dynamics.trajectory import Trajectory
 from sims.cli import cli
-from sims.scaling import hitting_times, load_scaling, parse_scaling
-from sims.sweep_spec import SweepSpecError
+from sims.experiments.scaling import hitting_times, load_scaling, parse_scaling
+from sims.experiments.sweep_spec import SweepSpecError
 
 SPEC = """
 [scaling]
@@ -147,7 +147,7 @@ def test_first_passage_mode_records_exact_hits_without_a_trajectory(tmp_path, mo
     both levels; T_level equals trajectory mode's (same streams), T_strong is the direct
     first passage of 1 − ε and never after trajectory mode's "stays above" time."""
     from dynamics.reduced import first_passage_reduced
-    from sims.sweep_io import read_sweep
+    from sims.io.sweep import read_sweep
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "fp.toml").write_text(FP_SPEC)

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from sims.cli import cli
-from sims.io import read_trajectory
-from sims.sweep_io import cell_dir, read_sweep
+from sims.io.sweep import cell_dir, read_sweep
+from sims.io.trajectory import read_trajectory
 
 SPEC = """
 [sweep]
@@ -179,7 +179,7 @@ def test_default_out_is_under_results(sweep_dir):
 
 
 def test_a_crash_while_writing_a_cell_leaves_finished_cells_intact(sweep_dir, monkeypatch):
-    import sims.sweep_io as sio
+    import sims.io.sweep as sio
 
     calls = {"n": 0}
     real = sio.os.replace
@@ -208,8 +208,8 @@ def test_a_crash_while_writing_a_cell_leaves_finished_cells_intact(sweep_dir, mo
 
 
 def test_exact_first_passage_is_split_per_cell_of_a_batch(tmp_path):
-    from sims.sweep import run_sweep
-    from sims.sweep_spec import parse_sweep
+    from sims.experiments.sweep import run_sweep
+    from sims.experiments.sweep_spec import parse_sweep
 
     spec = parse_sweep({
         "sweep": {"first_passage": [0.3]},

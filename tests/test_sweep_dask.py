@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from sims.cli import cli
-from sims.sweep_io import read_sweep
+from sims.io.sweep import read_sweep
 
 pytest.importorskip("dask.distributed")
 
@@ -53,9 +53,9 @@ def test_local_cluster_matches_in_process(tmp_path, monkeypatch):
 
 
 def test_unreachable_scheduler_is_one_line(tmp_path, monkeypatch):
-    import sims.sweep
+    import sims.experiments.sweep
 
-    monkeypatch.setattr(sims.sweep, "CONNECT_TIMEOUT", "1s")
+    monkeypatch.setattr(sims.experiments.sweep, "CONNECT_TIMEOUT", "1s")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.toml").write_text(SPEC)
     res = CliRunner().invoke(cli, ["sweep", "s.toml", "--out", "o.h5", "--scheduler",

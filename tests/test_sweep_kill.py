@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from sims.io import read_trajectory
-from sims.sweep import run_sweep
-from sims.sweep_io import cell_dir, finished_cells, read_sweep
-from sims.sweep_spec import load_sweep
+from sims.experiments.sweep import run_sweep
+from sims.experiments.sweep_spec import load_sweep
+from sims.io.sweep import cell_dir, finished_cells, read_sweep
+from sims.io.trajectory import read_trajectory
 
 SPEC = """
 [base]

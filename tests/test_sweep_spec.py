@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from sims.sweep_batch import plan_batches
-from sims.sweep_spec import AXES, SweepSpecError, load_sweep, parse_sweep
+from sims.experiments.sweep_batch import plan_batches
+from sims.experiments.sweep_spec import AXES, SweepSpecError, load_sweep, parse_sweep
 
 BASE = {"runs": 2, "eta_times_d": 0.05, "steps_per_d": 2, "checkpoints": 5,
         "instance": {"activation": "relu", "k": 3, "d": 20, "seed": 1}}
@@ -170,7 +170,7 @@ def test_axis_names_cover_the_issue():
 def test_example_files_parse():
     from pathlib import Path
 
-    from sims.scaling import load_scaling
+    from sims.experiments.scaling import load_scaling
 
     root = Path(__file__).resolve().parent.parent / "examples"
     sweeps = sorted(root.glob("sweep_*.toml"))

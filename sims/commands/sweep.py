@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from .sweep import run_sweep
-from .sweep_batch import MAX_BATCH_RUNS
-from .sweep_spec import load_sweep
+from sims.experiments.sweep import run_sweep
+from sims.experiments.sweep_batch import MAX_BATCH_RUNS
+from sims.experiments.sweep_spec import load_sweep
 
 __all__ = ["sweep", "default_out"]
 

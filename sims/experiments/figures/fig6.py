@@ -2,7 +2,7 @@
 
 import math
 
-from .recipe import CONVENTION, Panel, Recipe, unit_row_instance
+from sims.experiments.figures.recipe import CONVENTION, Panel, Recipe, unit_row_instance
 
 MULTIPLES = (1, 2, 4, 8, 16)  # ξ = m·√k; the threshold ξ ≈ d^{1/4}√k is 4.2√k (quick), 5.6√k
 

@@ -3,7 +3,8 @@
 Layout for ``--out results/x.h5``:
 
 * ``results/x.h5.cells/<hash16>.h5`` — one finished cell, a regular trajectory file
-  (:mod:`sims.io`) plus the attributes ``sweep_cell_hash``, ``sweep_axes`` and ``sweep_batch``,
+  (:mod:`sims.io.trajectory`) plus the attributes ``sweep_cell_hash``, ``sweep_axes`` and
+  ``sweep_batch``,
   written under a temporary name, fsynced and moved into place with ``os.replace``: a file
   with a final name is always complete.
 * ``results/x.h5`` — the combined file, rebuilt from the cell files (temporary file +
@@ -27,8 +28,7 @@ from pathlib import Path
 import h5py
 
 from dynamics.trajectory import Trajectory
-
-from .io import (
+from sims.io.trajectory import (
     DATASETS,
     TrajectoryFileError,
     check_writable,

@@ -1,7 +1,7 @@
 """Figure 1: (a) activations at ξ = √k (fine-tuning regime), (b) He₃ for growing ξ."""
 
-from . import fig4, fig6
-from .recipe import CONVENTION, Panel, Recipe
+from sims.experiments.figures import fig4, fig6
+from sims.experiments.figures.recipe import CONVENTION, Panel, Recipe
 
 
 def _sizes(quick: bool):

@@ -71,7 +71,7 @@ class TrajectoryFileError(ValueError):
 # ---------------------------------------------------------------- provenance
 def git_commit() -> str:
     """The source tree's git commit (``+dirty`` if modified), or ``unknown``."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                               text=True, timeout=5, check=True).stdout.strip()

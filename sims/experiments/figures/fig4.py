@@ -2,7 +2,7 @@
 
 import math
 
-from .recipe import CONVENTION, Panel, Recipe, unit_row_instance
+from sims.experiments.figures.recipe import CONVENTION, Panel, Recipe, unit_row_instance
 
 ACTIVATIONS = ("relu", "sigmoid", "quadratic", "he3")
 # η·d and steps/d per (activation, ξ = 1 | √k): dynamics.defaults.choose_c / default_steps on

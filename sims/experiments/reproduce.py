@@ -1,6 +1,6 @@
 """Reproducing the paper's figures: run a recipe's sweep, draw its panels, note it in README.
 
-:func:`reproduce` runs the sweep of a :class:`~sims.figures.Recipe` (resumable, like
+:func:`reproduce` runs the sweep of a :class:`~sims.experiments.figures.Recipe` (resumable, like
 ``loradyn sweep``) into ``<out_dir>/<fig>[_quick][_<convention>].h5``, renders the ``.png``
 of the same stem with :func:`render` and, if asked, records the figure, its exact command,
 the convention and the wall time in a section of ``<out_dir>/README.md`` (the rest of the
@@ -9,8 +9,9 @@ README is kept).
 ``convention`` is the instance key of ``dynamics.instance``: ``unit`` (default: the theory's
 unit rows, no file suffix) or App. B's ``appB`` / ``appB-sqrt`` model
 f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩), vᵢ = s (wᵢ + ξcᵢu), set in every cell's instance
-(:func:`~sims.figures.recipe.with_convention`); these run only the ``finetune`` learner and
-have no ODE, so a recipe needing another learner (fig3: ``linearized``) is refused.
+(:func:`~sims.experiments.figures.recipe.with_convention`); these run only the
+``finetune`` learner and have no ODE, so a recipe needing another learner
+(fig3: ``linearized``) is refused.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .figures import FIGURES, Recipe
-from .figures.recipe import CONVENTION_TEXT, convention_caption, with_convention
-from .plot import describe, draw_panel, legend, load_curves, save_figure, wrap_title
-from .sweep import run_sweep
-from .sweep_io import read_sweep
-from .sweep_spec import parse_sweep
+from sims.experiments.figures import FIGURES, Recipe
+from sims.experiments.figures.recipe import CONVENTION_TEXT, convention_caption, with_convention
+from sims.experiments.sweep import run_sweep
+from sims.experiments.sweep_spec import parse_sweep
+from sims.io.sweep import read_sweep
+from sims.plots.curves import describe, draw_panel, legend, load_curves, save_figure, wrap_title
 
 __all__ = ["FIGURES", "CONVENTIONS", "ReproduceResult", "reproduce", "render", "figure_paths",
            "check_learner", "check_convention", "update_readme"]

@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from .reproduce import CONVENTIONS, FIGURES, check_convention, update_readme
-from .reproduce import reproduce as run_figure
+from sims.experiments.reproduce import CONVENTIONS, FIGURES, check_convention, update_readme
+from sims.experiments.reproduce import reproduce as run_figure
 
 __all__ = ["reproduce"]
 

@@ -1,7 +1,7 @@
 """``loradyn bench engine``: run-steps/s of the engine against two references, in one run.
 
 - engine: the full engine's hot loop (``FullRun.advance``), R runs at once;
-- autograd loop: ``benchmarks/autograd_loop.py``, the paper's eq. (4) with autograd, one run
+- autograd loop: ``sims/bench/autograd_loop.py``, the paper's eq. (4) with autograd, one run
   at a time (the faster of 1 thread and all threads);
 - sampling bound: just ``torch.Tensor.normal_`` of an (R, d) tensor per step.
 Each is measured ``--repeats`` times, interleaved; medians and their ratios are reported.
@@ -9,13 +9,11 @@ Each is measured ``--repeats`` times, interleaved; medians and their ratios are 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import click
 import torch
@@ -30,13 +28,9 @@ GOALS = {"engine_over_autograd": 100.0, "engine_over_sampling": 0.5}
 
 
 def _autograd_module():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "autograd_loop.py"
-    spec = importlib.util.spec_from_file_location("loradyn_benchmarks_autograd_loop", path)
-    if spec is None or not path.exists():
-        raise OSError(f"benchmark baseline not found: {path} (run from a source checkout)")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from sims.bench import autograd_loop
+
+    return autograd_loop
 
 
 def _sync(device):
@@ -190,7 +184,7 @@ def command(d, k, runs, steps, autograd_steps, dtype, device, repeats, reduced, 
                                       res["run_steps_per_s"]["engine"],
                                       res["setup"]["device"], runs)
     if learners:
-        from .bench_learners import learner_rows
+        from sims.bench.learners import learner_rows
 
         if quick:
             learner_steps = min(learner_steps, 32)
@@ -207,7 +201,7 @@ def reduced_rows(d, k, runs, steps, repeats, full_rate, device="cpu", full_runs=
     """Reduced-engine rates (float64; numba on CPU, numba-cuda on CUDA) at ``REDUCED_D`` and at
     ``d``, with the ratios rate(1e7)/rate(1e2) and rate(d)/full-engine rate(d) measured in this
     same run (the full engine with ``full_runs`` runs)."""
-    from .bench_reduced import measure_reduced
+    from sims.bench.reduced import measure_reduced
 
     device = "cuda" if str(device).startswith("cuda") else "cpu"
     res = measure_reduced(d_values=tuple(sorted(set(REDUCED_D) | {d})), k=k, runs=runs,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .bench_engine import command as bench_engine
-from .bench_hermite import command as bench_hermite
+from sims.bench.engine import command as bench_engine
+from sims.bench.hermite import command as bench_hermite
 
 
 @click.group("bench")

@@ -14,9 +14,8 @@ from dynamics.config import ENGINES, INITS, LEARNERS, SPARSE_SELECTIONS, STREAMS
 from dynamics.defaults import ETA_C, default_eta, default_steps
 from dynamics.engine import simulate
 from dynamics.instance import build_instance, load_spec
-
-from .io import check_writable, write_trajectory
-from .quickplot import instance_title, plot_overlap
+from sims.io.trajectory import check_writable, write_trajectory
+from sims.plots.quick import instance_title, plot_overlap
 
 __all__ = ["run", "run_config", "summary_json"]
 

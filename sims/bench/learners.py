@@ -32,7 +32,7 @@ LEARNER_CASES = {
 def learner_rows(d: int, k: int, runs: int, steps: int, dtype: str, device: str,
                  repeats: int = 1) -> dict:
     """label → best-of-``repeats`` run-steps/s (or the one-line reason a case cannot run)."""
-    from .bench_engine import engine_rate
+    from sims.bench.engine import engine_rate
 
     spec = {"activation": "relu", "k": k, "d": d, "xi": 1.0, "W": "separated", "seed": 0}
     base = RunConfig(instance=spec, eta=0.05 / d, steps=steps, runs=runs, seed=0,

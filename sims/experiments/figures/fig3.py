@@ -2,7 +2,7 @@
 
 import math
 
-from .recipe import CONVENTION, Panel, Recipe, unit_row_instance
+from sims.experiments.figures.recipe import CONVENTION, Panel, Recipe, unit_row_instance
 
 
 def sweep(quick: bool) -> dict:

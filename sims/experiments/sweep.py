@@ -17,9 +17,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .io import TrajectoryFileError, check_writable
-from .sweep_batch import MAX_BATCH_RUNS, plan_batches, run_batch
-from .sweep_io import (
+from sims.experiments.sweep_batch import MAX_BATCH_RUNS, plan_batches, run_batch
+from sims.experiments.sweep_spec import SweepSpec
+from sims.io.sweep import (
     SWEEP_FORMAT,
     SweepLock,
     cell_dir,
@@ -28,7 +28,7 @@ from .sweep_io import (
     rebuild_sweep_file,
     write_cell,
 )
-from .sweep_spec import SweepSpec
+from sims.io.trajectory import TrajectoryFileError, check_writable
 
 __all__ = ["SweepResult", "run_sweep", "parse_scheduler"]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .plot import QUANTITIES, X_UNITS, lacking, load_curves, plot_curves, save_figure
+from sims.plots.curves import QUANTITIES, X_UNITS, lacking, load_curves, plot_curves, save_figure
 
 __all__ = ["plot"]
 

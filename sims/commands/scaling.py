@@ -9,9 +9,8 @@ from pathlib import Path
 import click
 
 from dynamics.config import ENGINES
-
-from .plot import save_figure
-from .scaling import (
+from sims.commands.sweep import default_out
+from sims.experiments.scaling import (
     analyse,
     check_slope,
     format_table,
@@ -19,8 +18,8 @@ from .scaling import (
     plot_scaling,
     write_scaling,
 )
-from .sweep import run_sweep
-from .sweep_cmd import default_out
+from sims.experiments.sweep import run_sweep
+from sims.plots.curves import save_figure
 
 __all__ = ["scaling", "parse_range"]
 

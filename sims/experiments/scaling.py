@@ -7,7 +7,7 @@ A scaling file (TOML) has a ``[scaling]`` table — the grid ``d``, the step-siz
 the glm learner with information exponent 3, whose online SGD needs T ∝ d² with η ∝ d^{−3/2},
 Ben Arous et al. 2021) — and the ``[base]``/``[base.instance]`` tables
 of a sweep file (everything but d, η and the steps). It runs as a sweep over d (resumable,
-:mod:`sims.sweep`), with linear checkpoints and, where the reduced engine applies, exact
+:mod:`sims.experiments.sweep`), with linear checkpoints and, where the reduced engine applies, exact
 first-passage times. Per run:
 
 * T_level — the first step with overlap ≥ level (exact when available, else the first
@@ -20,7 +20,8 @@ at its exact first passage of each level, so a cell costs the hitting times inst
 horizon, and T_strong is then the exact first passage of 1 − ε (strong recovery in the sense
 of Thm 11–13: the overlap reaches 1 − ε; ε should leave 1 − ε below the noise floor).
 
-Both are fitted as log T = a + b log d (:func:`sims.fit.fit_power_law`, bootstrap 95 % CI).
+Both are fitted as log T = a + b log d (:func:`sims.experiments.fit.fit_power_law`,
+bootstrap 95 % CI).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ import h5py
 import numpy as np
 import tomllib
 
-from .fit import PowerLawFit, fit_power_law
-from .sweep_io import atomic_replace, read_sweep
-from .sweep_spec import SweepSpec, SweepSpecError, parse_sweep
+from sims.experiments.fit import PowerLawFit, fit_power_law
+from sims.experiments.sweep_spec import SweepSpec, SweepSpecError, parse_sweep
+from sims.io.sweep import atomic_replace, read_sweep
 
 __all__ = ["ScalingSpec", "ScalingResult", "load_scaling", "hitting_times", "analyse",
            "format_table", "plot_scaling", "write_scaling", "check_slope", "SCALING_KEYS"]

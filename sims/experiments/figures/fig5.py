@@ -1,6 +1,6 @@
 """Figure 5: u not ⊥ span(W): (a) ‖Π_W u‖ sweep, (b) instances at ‖Π_W u‖ = 1/2 (ReLU)."""
 
-from .recipe import CONVENTION, Panel, Recipe, unit_row_instance
+from sims.experiments.figures.recipe import CONVENTION, Panel, Recipe, unit_row_instance
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75)
 

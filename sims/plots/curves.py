@@ -1,7 +1,7 @@
 """Figures of trajectory and sweep files: one curve per cell (or file), median and band.
 
-:func:`load_curves` reads single-run files (:mod:`sims.io`) and sweep files
-(:mod:`sims.sweep_io`) into :class:`Curve` objects; :func:`plot_curves` draws them: the median
+:func:`load_curves` reads single-run files (:mod:`sims.io.trajectory`) and sweep files
+(:mod:`sims.io.sweep`) into :class:`Curve` objects; :func:`plot_curves` draws them: the median
 over runs with its 10–90 % band (or every run), the population-ODE prediction dashed and the
 noise-corrected (finite-d) ODE dash-dotted where the file has them, colours by ``hue``, one
 panel per value of ``facet``. What all curves share goes in the title; what differs goes in
@@ -25,9 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from dynamics.trajectory import Trajectory
-
-from .io import read_trajectory
-from .sweep_io import SWEEP_FORMAT, file_format, read_sweep
+from sims.io.sweep import SWEEP_FORMAT, file_format, read_sweep
+from sims.io.trajectory import read_trajectory
 
 __all__ = ["Curve", "QUANTITIES", "NEEDS", "X_UNITS", "TITLE_KEYS", "load_curves",
            "plot_curves", "draw_panel", "legend", "describe", "wrap_title", "save_figure",
@@ -120,7 +119,7 @@ def _split_xi(curve: Curve) -> list[Curve]:
     values = np.unique(xi)
     if values.size <= 1:
         return [curve]
-    from .sweep_batch import split_trajectory
+    from sims.experiments.sweep_batch import split_trajectory
 
     out = []
     for v in values:

@@ -1,6 +1,6 @@
 """Figure 2: ReLU, ξ = 1, 10 random instances, joint (a) vs frozen (b) ĉ (App. B)."""
 
-from .recipe import CONVENTION, Panel, Recipe, unit_row_instance
+from sims.experiments.figures.recipe import CONVENTION, Panel, Recipe, unit_row_instance
 
 
 def sweep(quick: bool) -> dict:

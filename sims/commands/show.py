@@ -6,8 +6,8 @@ import json
 
 import click
 
-from .io import read_trajectory
-from .run_cmd import summary_json
+from sims.commands.run import summary_json
+from sims.io.trajectory import read_trajectory
 
 __all__ = ["show", "describe"]
 

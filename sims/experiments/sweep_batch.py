@@ -18,8 +18,7 @@ import numpy as np
 
 from dynamics.config import RunConfig
 from dynamics.trajectory import Trajectory
-
-from .sweep_spec import Cell
+from sims.experiments.sweep_spec import Cell
 
 __all__ = ["BatchConfig", "Batch", "plan_batches", "run_batch", "split_trajectory"]
 
