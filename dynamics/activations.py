@@ -1,293 +1,100 @@
-"""Activations σ: the registry shared by the engine (torch) and the theory (numpy).
+"""The engine's side of an activation: σ and σ′ on torch tensors.
 
-Each :class:`Activation` carries σ and σ′ working on numpy arrays *and* torch tensors, and,
-where one exists, the closed-form dual kernel K(ρ) = E[σ(z₁)σ(z₂)] and its derivative
-K′(ρ) = E[σ′(z₁)σ′(z₂)] (Price's theorem) for standard Gaussians of correlation ρ, plus the
-closed-form orthonormal Hermite coefficients μ_p (basis hₚ = Heₚ/√(p!)).
-
-Names: ``relu, abs, sigmoid, tanh, erf, quadratic, linear`` and ``he<p>`` (normalized hₚ).
+The registry, the kernels and the Hermite coefficients live on the theory side
+(:mod:`hermite.activations`, no torch). :func:`torch_activation` adds tensor versions of σ
+and σ′ on top: torch's own ops for the named activations; polynomial ones (``quadratic``,
+``linear``, ``he<p>``) are written with arithmetic only and apply to tensors as they are; a
+user's numpy callable is evaluated through numpy (correct, not fast).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
-import scipy.special as sp
 import torch
 
+from hermite.activations import (
+    ACTIVATION_NAMES,
+    Activation,
+    activation_from_callable,
+    get_activation,
+    hermite_normalized,
+)
+
 __all__ = [
-    "Activation",
     "ACTIVATION_NAMES",
-    "get_activation",
+    "Activation",
+    "TorchActivation",
     "activation_from_callable",
+    "get_activation",
     "hermite_normalized",
+    "torch_activation",
 ]
 
-ACTIVATION_NAMES = ("relu", "abs", "sigmoid", "tanh", "erf", "quadratic", "linear", "he<p>")
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
-def _is_torch(x) -> bool:
-    return isinstance(x, torch.Tensor)
+def _sigmoid_deriv(x):
+    s = torch.sigmoid(x)
+    return s * (1 - s)
+
+
+def _tanh_deriv(x):
+    t = torch.tanh(x)
+    return 1 - t * t
+
+
+_TORCH_OPS: dict[str, tuple[Callable, Callable]] = {
+    "relu": (torch.relu, lambda x: (x > 0).to(x.dtype)),
+    "abs": (torch.abs, torch.sign),
+    "sigmoid": (torch.sigmoid, _sigmoid_deriv),
+    "tanh": (torch.tanh, _tanh_deriv),
+    "erf": (torch.erf, lambda x: _TWO_OVER_SQRT_PI * torch.exp(-x * x)),
+}
+
+
+def _through_numpy(f: Callable) -> Callable:
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        out = f(x.detach().cpu().numpy())
+        return torch.as_tensor(out, dtype=x.dtype).to(x.device)
+
+    return apply
 
 
 @dataclass(frozen=True)
-class Activation:
-    """An activation σ with its derivative and (optional) closed-form Gaussian kernels.
+class TorchActivation:
+    """σ and σ′ on tensors, beside the theory's :class:`Activation` they implement.
 
     Fields
     ------
-    name : registry name (``he3``, ``relu``...) or the user's label.
-    fn, deriv : σ and σ′, accepting numpy arrays or torch tensors (same type out).
-    kernel : ρ ↦ E[σ(z₁)σ(z₂)] in closed form (numpy), or ``None``.
-    kprime : ρ ↦ E[σ′(z₁)σ′(z₂)] in closed form (numpy), or ``None``.
-    coefficients : pmax ↦ closed-form μ_0..μ_pmax, or ``None`` (then quadrature).
-    breakpoints : points where σ is not smooth (for piecewise quadrature).
-    deriv_second_moment : E[σ′(g)²] = Σ_p p μ_p² in closed form, or ``None``.
-    polynomial_degree : degree when σ is a polynomial, else ``None``.
+    theory : the :class:`hermite.activations.Activation` (name, kernels, coefficients).
+    fn, deriv : σ and σ′, tensor in, tensor out (same dtype and device).
     """
 
-    name: str
+    theory: Activation
     fn: Callable
     deriv: Callable
-    kernel: Callable | None = None
-    kprime: Callable | None = None
-    coefficients: Callable | None = None
-    breakpoints: tuple[float, ...] = ()
-    deriv_second_moment: float | None = None
-    polynomial_degree: int | None = None
-    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.theory.name
 
     def __call__(self, x):
         return self.fn(x)
 
 
-def _clip_rho(rho):
-    return np.clip(np.asarray(rho, dtype=float), -1.0, 1.0)
+def torch_activation(activation) -> TorchActivation:
+    """The tensor σ, σ′ of a name, an :class:`Activation` or a :class:`TorchActivation`."""
+    if isinstance(activation, TorchActivation):
+        return activation
+    act = get_activation(activation)
+    if act.name in _TORCH_OPS and act.fn is get_activation(act.name).fn:
+        fn, deriv = _TORCH_OPS[act.name]
+    elif act.polynomial_degree is not None:  # quadratic, linear, he<p>: arithmetic only
+        fn, deriv = act.fn, act.deriv
+    else:
+        fn, deriv = _through_numpy(act.fn), _through_numpy(act.deriv)
+    return TorchActivation(act, fn, deriv)
 
-
-# ---------------------------------------------------------------- ReLU and abs
-def _relu(x):
-    return torch.relu(x) if _is_torch(x) else np.maximum(x, 0.0)
-
-
-def _relu_deriv(x):
-    return (x > 0).to(x.dtype) if _is_torch(x) else (np.asarray(x) > 0).astype(float)
-
-
-def _relu_kernel(rho):
-    # arc-cosine kernel of degree 1 (Cho & Saul): (√(1-ρ²) + (π - arccos ρ) ρ) / (2π)
-    r = _clip_rho(rho)
-    return (np.sqrt(1.0 - r * r) + (np.pi - np.arccos(r)) * r) / (2.0 * np.pi)
-
-
-def _relu_kprime(rho):
-    # E[1{z1>0}1{z2>0}] = (π - arccos ρ) / (2π)
-    return (np.pi - np.arccos(_clip_rho(rho))) / (2.0 * np.pi)
-
-
-def _even_hermite_at_zero_over_sqrt_fact(p: np.ndarray) -> np.ndarray:
-    """He_{p-2}(0)/√(p!) for p ≥ 2, computed in log space (p up to thousands)."""
-    n = p - 2
-    out = np.zeros(p.shape)
-    even = n % 2 == 0
-    ne = n[even]
-    # He_n(0) = (-1)^{n/2} (n-1)!! = (-1)^{n/2} n! / (2^{n/2} (n/2)!)
-    log_abs = sp.gammaln(ne + 1) - (ne / 2) * np.log(2.0) - sp.gammaln(ne / 2 + 1)
-    log_val = log_abs - 0.5 * sp.gammaln(p[even] + 1)
-    out[even] = np.where((ne // 2) % 2 == 0, 1.0, -1.0) * np.exp(log_val)
-    return out
-
-
-def _relu_coefficients(pmax: int) -> np.ndarray:
-    # μ_0 = φ(0), μ_1 = 1/2, μ_p = φ(0) He_{p-2}(0)/√(p!) for p ≥ 2 (σ'' = δ₀)
-    mu = np.zeros(pmax + 1)
-    phi0 = 1.0 / math.sqrt(2.0 * math.pi)
-    mu[0] = phi0
-    if pmax >= 1:
-        mu[1] = 0.5
-    if pmax >= 2:
-        p = np.arange(2, pmax + 1)
-        mu[2:] = phi0 * _even_hermite_at_zero_over_sqrt_fact(p)
-    return mu
-
-
-def _abs_fn(x):
-    return torch.abs(x) if _is_torch(x) else np.abs(x)
-
-
-def _abs_deriv(x):
-    return torch.sign(x) if _is_torch(x) else np.sign(x).astype(float)
-
-
-def _abs_kernel(rho):
-    r = _clip_rho(rho)
-    return (2.0 / np.pi) * (np.sqrt(1.0 - r * r) + r * np.arcsin(r))
-
-
-def _abs_kprime(rho):
-    return (2.0 / np.pi) * np.arcsin(_clip_rho(rho))
-
-
-def _abs_coefficients(pmax: int) -> np.ndarray:
-    # |x| = relu(x) + relu(-x): odd coefficients cancel, even ones double
-    mu = 2.0 * _relu_coefficients(pmax)
-    mu[1::2] = 0.0
-    return mu
-
-
-# ---------------------------------------------------------------- smooth ones
-def _sigmoid(x):
-    return torch.sigmoid(x) if _is_torch(x) else sp.expit(x)
-
-
-def _sigmoid_deriv(x):
-    s = _sigmoid(x)
-    return s * (1 - s)
-
-
-def _tanh(x):
-    return torch.tanh(x) if _is_torch(x) else np.tanh(x)
-
-
-def _tanh_deriv(x):
-    t = _tanh(x)
-    return 1 - t * t
-
-
-def _erf(x):
-    return torch.erf(x) if _is_torch(x) else sp.erf(x)
-
-
-def _erf_deriv(x):
-    e = torch.exp(-x * x) if _is_torch(x) else np.exp(-np.asarray(x) ** 2)
-    return (2.0 / math.sqrt(math.pi)) * e
-
-
-def _erf_kernel(rho):
-    # E[erf(z1) erf(z2)] = (2/π) arcsin(2ρ/3)
-    return (2.0 / np.pi) * np.arcsin(2.0 * _clip_rho(rho) / 3.0)
-
-
-def _erf_kprime(rho):
-    # (4/π) E[exp(-z1² - z2²)] = (4/π) / √det(I + 2Σ) = 4 / (π √(9 - 4ρ²))
-    r = _clip_rho(rho)
-    return 4.0 / (np.pi * np.sqrt(9.0 - 4.0 * r * r))
-
-
-# ---------------------------------------------------------------- polynomials
-def _quadratic_coefficients(pmax: int) -> np.ndarray:
-    mu = np.zeros(pmax + 1)
-    mu[0] = 1.0  # x² = He_0 + He_2 = h_0 + √2 h_2
-    if pmax >= 2:
-        mu[2] = math.sqrt(2.0)
-    return mu
-
-
-def _linear_coefficients(pmax: int) -> np.ndarray:
-    mu = np.zeros(pmax + 1)
-    if pmax >= 1:
-        mu[1] = 1.0
-    return mu
-
-
-def hermite_normalized(p: int, x):
-    """hₚ(x) = Heₚ(x)/√(p!) by the stable three-term recurrence (numpy or torch)."""
-    h_prev, h = x * 0 + 1, x
-    if p == 0:
-        return h_prev
-    for n in range(1, p):
-        h_prev, h = h, (x * h - math.sqrt(n) * h_prev) / math.sqrt(n + 1)
-    return h
-
-
-def _hermite_activation(p: int) -> Activation:
-    def fn(x):
-        return hermite_normalized(p, x)
-
-    def deriv(x):
-        return math.sqrt(p) * hermite_normalized(p - 1, x) if p > 0 else x * 0
-
-    def coefficients(pmax):
-        mu = np.zeros(pmax + 1)
-        if p <= pmax:
-            mu[p] = 1.0
-        return mu
-
-    return Activation(
-        name=f"he{p}",
-        fn=fn,
-        deriv=deriv,
-        kernel=lambda rho: _clip_rho(rho) ** p,
-        kprime=lambda rho: p * _clip_rho(rho) ** (p - 1) if p > 0 else 0.0 * _clip_rho(rho),
-        coefficients=coefficients,
-        deriv_second_moment=float(p),
-        polynomial_degree=p,
-    )
-
-
-_REGISTRY: dict[str, Activation] = {
-    "relu": Activation(
-        "relu", _relu, _relu_deriv, _relu_kernel, _relu_kprime, _relu_coefficients,
-        breakpoints=(0.0,), deriv_second_moment=0.5,
-    ),
-    "abs": Activation(
-        "abs", _abs_fn, _abs_deriv, _abs_kernel, _abs_kprime, _abs_coefficients,
-        breakpoints=(0.0,), deriv_second_moment=1.0,
-    ),
-    "sigmoid": Activation("sigmoid", _sigmoid, _sigmoid_deriv),
-    "tanh": Activation("tanh", _tanh, _tanh_deriv),
-    "erf": Activation(
-        "erf", _erf, _erf_deriv, _erf_kernel, _erf_kprime,
-        deriv_second_moment=4.0 / (math.pi * math.sqrt(5.0)),
-    ),
-    "quadratic": Activation(
-        "quadratic", lambda x: x * x, lambda x: 2 * x,
-        kernel=lambda rho: 1.0 + 2.0 * _clip_rho(rho) ** 2,
-        kprime=lambda rho: 4.0 * _clip_rho(rho),
-        coefficients=_quadratic_coefficients, deriv_second_moment=4.0, polynomial_degree=2,
-    ),
-    "linear": Activation(
-        "linear", lambda x: x, lambda x: x * 0 + 1,
-        kernel=lambda rho: _clip_rho(rho), kprime=lambda rho: 0.0 * _clip_rho(rho) + 1.0,
-        coefficients=_linear_coefficients, deriv_second_moment=1.0, polynomial_degree=1,
-    ),
-}
-
-_HE_PATTERN = re.compile(r"^he(\d+)$")
-
-
-def get_activation(name) -> Activation:
-    """Look an activation up by name (``relu``, ``he3``, ...); pass an Activation through.
-
-    Raises ``ValueError`` naming the valid names for an unknown one.
-    """
-    if isinstance(name, Activation):
-        return name
-    key = str(name).strip().lower()
-    if key in _REGISTRY:
-        return _REGISTRY[key]
-    match = _HE_PATTERN.match(key)
-    if match:
-        return _hermite_activation(int(match.group(1)))
-    raise ValueError(
-        f"unknown activation {name!r}; valid names: {', '.join(ACTIVATION_NAMES)}"
-    )
-
-
-def activation_from_callable(
-    fn: Callable, deriv: Callable | None = None, name: str = "custom",
-    breakpoints: tuple[float, ...] = (),
-) -> Activation:
-    """Wrap a user function σ (numpy in, numpy out) as an Activation.
-
-    Without ``deriv``, σ′ is a central finite difference (step 1e-5, error ~1e-10 for
-    smooth σ). Kernels and coefficients then come from quadrature in ``hermite``.
-    """
-    if deriv is None:
-        def deriv(x, _f=fn, _h=1e-5):
-            return (_f(x + _h) - _f(x - _h)) / (2 * _h)
-    return Activation(name=name, fn=fn, deriv=deriv, breakpoints=tuple(breakpoints))

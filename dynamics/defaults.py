@@ -18,6 +18,8 @@ import math
 import numpy as np
 import torch
 
+import hermite
+
 from .instance import Instance
 
 __all__ = ["ETA_C", "choose_c", "default_eta", "default_steps", "gradient_second_moment"]
@@ -59,7 +61,6 @@ def _theory(instance: Instance):
     if not instance.unit_rows:
         return None
     try:
-        import hermite
 
         sign = float(np.sign(np.asarray(hermite.h(instance, 0.0), dtype=float).reshape(-1)[0]))
         lo, hi = 1.0 / math.sqrt(instance.d), TARGET * instance.u_perp

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import hermite
+
 __all__ = ["teacher_rows", "network_loss", "network_loss_from_grams"]
 
 
@@ -35,7 +37,6 @@ def network_loss_from_grams(activation, lam, teacher_gram, lam_hat, student_gram
     lam (k,), teacher_gram (k, k); lam_hat (..., k′), student_gram (..., k′, k′),
     cross (..., k, k′) = ⟨vᵢ, v̂ⱼ⟩. Returns an array of the batch shape.
     """
-    import hermite
 
     lam, lam_hat = np.asarray(lam, float), np.asarray(lam_hat, float)
     k_t = lam @ hermite.dual_kernel(activation, _clip(teacher_gram)) @ lam

@@ -13,6 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import hermite
+
+from .activations import torch_activation
 from .instance import Instance, build_instance
 from .sampling import run_seed
 
@@ -72,7 +75,6 @@ def record_theory(config, instances: list[Instance], m0: np.ndarray,
     out = np.full((len(instances), len(steps)), np.nan)
     if not theory_applies(config):
         return out
-    import hermite
 
     for inst, idx in group_runs(instances):
         out[idx] = hermite.population_ode(inst, config.eta, np.asarray(m0)[idx],
@@ -103,7 +105,6 @@ def theory_records(config, instances: list[Instance], m0: np.ndarray,
     out = {"ode": record_theory(config, instances, m0, steps)}
     if not finite_d_applies(config):
         return out
-    import hermite
 
     shape = (len(instances), len(steps))
     corr, lo, hi = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
@@ -121,7 +122,6 @@ def theory_records(config, instances: list[Instance], m0: np.ndarray,
 
 def initial_drift_sign(instances: list[Instance]) -> np.ndarray:
     """sign h(0) per run (Thm 5's aligned start needs m₀ h(0) > 0)."""
-    import hermite
 
     out = np.zeros(len(instances))
     for inst, idx in group_runs(instances):
@@ -136,7 +136,6 @@ def exact_loss(instances: list[Instance], overlap: np.ndarray,
     ``c_hat``: None (each instance's frozen ĉ), (R, k) per run, or (R, C, k) per checkpoint
     (joint training; evaluated for all checkpoints at once, see :func:`loss_with_c_hat`).
     """
-    import hermite
 
     overlap = np.asarray(overlap, dtype=float)
     out = np.full(overlap.shape, np.nan)
@@ -157,7 +156,6 @@ def loss_with_c_hat(inst: Instance, m: np.ndarray, c_hat: np.ndarray) -> np.ndar
     Φ = Σ λλ K(⟨vᵢ,vⱼ⟩) + Σ λλ K(⟨v̂ᵢ,v̂ⱼ⟩) − 2 Σ λλ K(Pᵢⱼ + Qᵢⱼ m), as in
     ``hermite.population_loss`` (which takes one ĉ per call).
     """
-    import hermite
 
     act, xi, g = inst.activation, inst.xi, inst.gram
     lam2 = np.outer(inst.lam, inst.lam)
@@ -207,7 +205,7 @@ def monte_carlo_loss(instances: list[Instance], coords: np.ndarray, c_hat: np.nd
     xw, xe = xs[:, :k], xs[:, k]
     out = np.full((runs, cps), np.nan)
     for inst, idx in group_runs(instances):
-        act, l_t = inst.activation, torch.as_tensor(inst.w_factor).T
+        act, l_t = torch_activation(inst.activation), torch.as_tensor(inst.w_factor).T
         z = xw @ l_t
         u_dot = xw @ torch.as_tensor(inst.u_w) + inst.u_perp * xe
         t_pre = (z + inst.xi * torch.as_tensor(inst.c) * u_dot[:, None]) / torch.as_tensor(
@@ -236,7 +234,7 @@ def _student_loss(inst, xs, z, y, lam, coords, c_hat) -> np.ndarray:
     else:  # App. B: fixed row factor (lam already carries 1/ξ)
         scale = torch.full_like(xc, inst.row_scale)
     a = (z[:, None, :] + xc[None] * s[..., None]) * scale[None]
-    f_hat = inst.activation.fn(a) @ lam
+    f_hat = torch_activation(inst.activation).fn(a) @ lam
     return ((y[:, None] - f_hat) ** 2).mean(0).numpy()
 
 

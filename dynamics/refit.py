@@ -26,6 +26,8 @@ import math
 
 import numpy as np
 
+import hermite
+
 from .network_loss import network_loss, teacher_rows
 from .sampling import run_seed
 
@@ -69,7 +71,6 @@ def teacher_rows_reduced(instance) -> np.ndarray:
 
 
 def _kernel(activation, gram):
-    import hermite
 
     return hermite.dual_kernel(activation, np.clip(gram, -1.0, 1.0))
 

@@ -72,9 +72,8 @@ import numpy as np
 import scipy.special
 import scipy.stats
 
-from dynamics.activations import get_activation
-from dynamics.activations_numba import act_code, sigma
-
+from .activations import get_activation
+from .activations_numba import act_code, sigma
 from .gradient import h as _h_exact
 from .kernels import dual_kernel_derivative
 

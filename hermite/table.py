@@ -16,8 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from dynamics.activations import get_activation
-
+from .activations import get_activation
 from .gradient import h as h_exact
 
 _REGISTRY_MODULE = get_activation.__module__

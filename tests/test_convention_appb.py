@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dynamics import sphere
+from dynamics.activations import torch_activation
 from dynamics.config import ConfigError, RunConfig
 from dynamics.engine import simulate
 from dynamics.instance import SpecError, build_instance
@@ -54,7 +55,7 @@ def test_gradients_match_autograd(convention, project, joint):
     u = torch.zeros(D, dtype=F64)
     u[:K] = torch.as_tensor(inst.u_w)
     u[K] = inst.u_perp
-    lam, sig = torch.as_tensor(inst.lam) / inst.xi, inst.activation.fn
+    lam, sig = torch.as_tensor(inst.lam) / inst.xi, torch_activation(inst.activation).fn
     for r in range(R):
         for n in range(B):
             uh = state.u_hat[r].clone().requires_grad_(True)
@@ -84,7 +85,7 @@ def test_monte_carlo_loss_matches_direct_average():
     u = torch.zeros(D, dtype=F64)
     u[:K] = torch.as_tensor(inst.u_w)
     u[K] = inst.u_perp
-    lam, sig = torch.as_tensor(inst.lam) / inst.xi, inst.activation.fn
+    lam, sig = torch.as_tensor(inst.lam) / inst.xi, torch_activation(inst.activation).fn
     y = sig(x @ _model_rows(inst, u, torch.as_tensor(inst.c)).T) @ lam
     for r in range(2):
         fh = sig(x @ _model_rows(inst, torch.as_tensor(u_hat[r]),

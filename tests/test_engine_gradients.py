@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dynamics import sphere
+from dynamics.activations import torch_activation
 from dynamics.instance import build_instance
 from dynamics.learners import Finetune, Problem
 from dynamics.sampling import uniform_perp_directions
@@ -54,7 +55,7 @@ def _autograd(inst, u_hat, c_hat, x, project, label=None):
     v = v / v.norm(dim=1, keepdim=True)
     vh = w + xi * ch[:, None] * uh
     vh = vh / vh.norm(dim=1, keepdim=True)
-    sig = inst.activation.fn
+    sig = torch_activation(inst.activation).fn
     y = sig(v @ x) @ lam if label is None else label
     loss = (y - sig(vh @ x) @ lam) ** 2
     gu, gc = torch.autograd.grad(loss, (uh, ch))

@@ -13,6 +13,7 @@ from scipy.stats import beta, ks_2samp, kstest
 
 import hermite
 from dynamics import sphere
+from dynamics.activations import torch_activation
 from dynamics.config import ConfigError, RunConfig
 from dynamics.engine import simulate, simulate_full
 from dynamics.instance import build_instance
@@ -55,7 +56,7 @@ def test_sample_gradient_matches_autograd(activation, noise):
     eps = torch.as_tensor(gen.standard_normal((R, 2))) if noise else None
     tangent, none, loss = learner.sample_gradients(state, x, eps)
     assert none is None
-    sig, u = inst.activation.fn, _u(inst)
+    sig, u = torch_activation(inst.activation).fn, _u(inst)
     assert abs(float(u.norm()) - 1.0) < 1e-14 and inst.u_w.any()  # u has a span-W part
     for r in range(R):
         for b in range(2):
@@ -120,7 +121,8 @@ def test_exact_loss_matches_monte_carlo(activation):
     a, b = gen.standard_normal(n), gen.standard_normal(n)
     for m in (-0.4, 0.3, 0.9):
         s = m * a + math.sqrt(1 - m * m) * b
-        sq = (act.fn(torch.as_tensor(a)) - act.fn(torch.as_tensor(s))).numpy() ** 2
+        t_act = torch_activation(act)
+        sq = (t_act.fn(torch.as_tensor(a)) - t_act.fn(torch.as_tensor(s))).numpy() ** 2
         se = sq.std() / math.sqrt(n)
         assert abs(sq.mean() - float(glm_loss(act, m))) < 4.5 * se, (activation, m)
     assert np.isnan(glm_loss(act, np.array([np.nan]))).all()
@@ -229,7 +231,7 @@ def test_chain_step_formula_is_the_full_step(batch):
     xn = x.numpy()
     a, b = xn[..., 1], xn[..., 2]
     rest = np.concatenate([xn[..., :1], xn[..., 3:]], -1)
-    sig = inst.activation
+    sig = torch_activation(inst.activation)
     s = m[:, None] * a + nu[:, None] * b
     y = sig.fn(torch.as_tensor(a)).numpy() + math.sqrt(0.2) * eps.numpy()
     g = -2 * (y - sig.fn(torch.as_tensor(s)).numpy()) * sig.deriv(torch.as_tensor(s)).numpy()

@@ -12,6 +12,7 @@ import torch
 
 import hermite
 from dynamics import sphere
+from dynamics.activations import torch_activation
 from dynamics.config import ConfigError, RunConfig
 from dynamics.engine import FullRun, simulate
 from dynamics.instance import build_instance
@@ -49,7 +50,7 @@ def _teacher(inst, x):
     w, u = _dense(inst)
     v = w + inst.xi * torch.as_tensor(inst.c)[:, None] * u
     v = v / v.norm(dim=1, keepdim=True)
-    return inst.activation.fn(x @ v.T) @ torch.as_tensor(inst.lam)
+    return torch_activation(inst.activation).fn(x @ v.T) @ torch.as_tensor(inst.lam)
 
 
 def _student(inst, delta, x):
@@ -57,7 +58,7 @@ def _student(inst, delta, x):
     w, _ = _dense(inst)
     rows = w + delta
     rows = rows / rows.norm(dim=1, keepdim=True)
-    return inst.activation.fn(x @ rows.T) @ torch.as_tensor(inst.lam)
+    return torch_activation(inst.activation).fn(x @ rows.T) @ torch.as_tensor(inst.lam)
 
 
 def _ntk(inst, x):
@@ -277,10 +278,11 @@ def _mc_reference(inst, delta, n, seed):
     y = _teacher(inst, x)
     rows = (w + delta) / (w + delta).norm(dim=1, keepdim=True)
     lam = torch.as_tensor(inst.lam)
-    true = (y - inst.activation.fn(x @ rows.T) @ lam) ** 2
+    true = (y - torch_activation(inst.activation).fn(x @ rows.T) @ lam) ** 2
     z = x @ w.T
     ell = x @ delta.T - z * (w * delta).sum(1)  # ⟨Δⱼ, x⟩ − zⱼ⟨wⱼ, Δⱼ⟩, written out again
-    f_lin = inst.activation.fn(z) @ lam + (inst.activation.deriv(z) * lam * ell).sum(1)
+    act = torch_activation(inst.activation)
+    f_lin = act.fn(z) @ lam + (act.deriv(z) * lam * ell).sum(1)
     lin = (y - f_lin) ** 2
     return [(float(v.mean()), float(v.std() / math.sqrt(n))) for v in (true, lin)]
 

@@ -8,6 +8,7 @@ import torch
 
 import hermite
 from dynamics import stiefel
+from dynamics.activations import torch_activation
 from dynamics.config import ConfigError, RunConfig
 from dynamics.engine import FullRun, simulate
 from dynamics.instance import build_instance
@@ -62,7 +63,7 @@ def _autograd(li, u_hat, c_hat, x, project, label=None):
     v = v / v.norm(dim=1, keepdim=True)
     vh = w + xi * ch @ uh.T
     vh = vh / vh.norm(dim=1, keepdim=True)
-    sig = li.activation.fn
+    sig = torch_activation(li.activation).fn
     y = sig(v @ x) @ lam if label is None else label
     loss = (y - sig(vh @ x) @ lam) ** 2
     gu, gc = torch.autograd.grad(loss, (uh, ch))

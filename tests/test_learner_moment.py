@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import hermite
+from dynamics.activations import torch_activation
 from dynamics.config import ConfigError, RunConfig
 from dynamics.engine import FullRun, chunk_schedule, simulate
 from dynamics.instance import build_instance
@@ -42,7 +43,7 @@ def _full_rows(inst):
 def _numpy_residuals(inst, x):
     """r = f*(x) − f₀(x) from full k×d matrices (independent of the learner's code)."""
     w, v, _ = _full_rows(inst)
-    sig = inst.activation.fn
+    sig = torch_activation(inst.activation).fn
     return sig(x @ v.T) @ inst.lam - sig(x @ w.T) @ inst.lam
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dynamics import sphere
+from dynamics.activations import torch_activation
 from dynamics.config import ConfigError, RunConfig
 from dynamics.engine import FullRun, simulate
 from dynamics.instance import build_instance
@@ -53,7 +54,7 @@ def _autograd(inst, rows, lam_hat, x, correlation, label=None):
     """Tangent ∇_ŵ L, ∂L/∂λ̂, L for one example, from the full d-dimensional teacher."""
     v = torch.zeros(inst.k, inst.d, dtype=F64)
     v[:, : inst.k + 1] = torch.as_tensor(teacher_rows(inst))
-    sig = inst.activation.fn
+    sig = torch_activation(inst.activation).fn
     y = sig(v @ x) @ torch.as_tensor(inst.lam) if label is None else label
     w = rows.clone().requires_grad_(True)
     lh = lam_hat.clone().requires_grad_(True)
@@ -87,7 +88,8 @@ def test_sample_gradients_match_autograd(activation, learner, batch):
     for r in range(R):
         v = torch.as_tensor(teacher_rows(inst[r]))
         for b in range(batch):
-            y = (inst[r].activation.fn(v @ x[r, b, : K + 1]) @ torch.as_tensor(inst[r].lam)
+            sig = torch_activation(inst[r].activation).fn
+            y = (sig(v @ x[r, b, : K + 1]) @ torch.as_tensor(inst[r].lam)
                  + 0.2**0.5 * eps[r, b])
             ref_w, ref_l, ref_loss = _autograd(inst[r], state.rows[r], state.lam_hat[r],
                                                x[r, b], learner == "scratch-csq", y)

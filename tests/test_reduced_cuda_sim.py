@@ -12,11 +12,11 @@ import textwrap
 import numpy as np
 import pytest
 
-from dynamics.activations_numba import act_code
 from dynamics.config import RunConfig
 from dynamics.reduced import _kernel
 from dynamics.reduced.params import pack_instances
 from dynamics.sampling import run_seed
+from hermite.activations_numba import act_code
 
 CASES = {  # name → (activation, project, joint, batch, label noise)
     "relu-frozen": ("relu", True, False, 1, 0.0),

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dynamics.activations_numba import act_code
 from dynamics.reduced import rank_chain
+from hermite.activations_numba import act_code
 
 
 def _explicit_step(U_hat, x, W, U, lam, C, C_hat, xi, act, eta, eta_c, joint, retraction,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from dynamics.activations import torch_activation
 from dynamics.instance import build_instance
 from dynamics.learners import Finetune, Problem
 from dynamics.reduced import _kernel, torch_chain
@@ -26,7 +27,7 @@ def _instance(act, w="separated"):
 
 def _explicit_step(inst, u, ch, X, eps, eta, eta_c, project, joint):
     """One step of eq. (4) on explicit vectors (float64 torch, autograd for ∇)."""
-    act = inst.activation
+    act = torch_activation(inst.activation)
     W = torch.zeros(K, D, dtype=torch.float64)
     W[:, :K] = torch.as_tensor(inst.w_factor)
     uvec = torch.zeros(D, dtype=torch.float64)

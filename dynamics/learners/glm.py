@@ -27,6 +27,7 @@ import numpy as np
 import scipy.integrate
 import torch
 
+import hermite
 from hermite.table import table_eval
 
 from .. import sphere
@@ -189,7 +190,6 @@ class GLM(Learner):
 # ---------------------------------------------------------------------- theory
 def glm_loss(activation, m) -> np.ndarray:
     """Exact population loss E(σ(⟨u,x⟩) − σ(⟨û,x⟩))² = 2K(1) − 2K(m); NaN where m is NaN."""
-    import hermite
 
     m = np.asarray(m, dtype=float)
     out = np.full(m.shape, np.nan)
@@ -201,7 +201,6 @@ def glm_loss(activation, m) -> np.ndarray:
 
 def glm_drift(activation, m) -> np.ndarray:
     """D(m) = 2K′(m)(1 − m²): E[m_{t+1} − m_t | m] = η D(m) + O(η²d) (``hermite`` K′)."""
-    import hermite
 
     m = np.clip(np.asarray(m, dtype=float), -1.0, 1.0)
     return 2.0 * hermite.dual_kernel_derivative(activation, m) * (1.0 - m * m)
@@ -214,7 +213,6 @@ class KPrimeTable:
     _cache: dict = {}
 
     def __init__(self, activation):
-        import hermite
 
         def exact(_self, m):
             return 2.0 * hermite.dual_kernel_derivative(activation, np.clip(m, -1.0, 1.0))

@@ -43,6 +43,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from ..activations import torch_activation
 from ..network_loss import network_loss
 from ..observables import c_overlap, group_runs
 from ..sampling import run_seed
@@ -381,7 +382,7 @@ def linear_loss(instances, delta: np.ndarray, *, seed: int, size: int) -> np.nda
     out = np.full((runs, cps), np.nan)
     block = max(1, _EVAL_BLOCK // (size * k))
     for inst, idx in group_runs(instances):
-        act, lam = inst.activation, torch.as_tensor(inst.lam)
+        act, lam = torch_activation(inst.activation), torch.as_tensor(inst.lam)
         lt = torch.as_tensor(inst.w_factor).T
         z = xs[:, :k] @ lt
         u_dot = xs[:, :k] @ torch.as_tensor(inst.u_w) + inst.u_perp * xs[:, k]

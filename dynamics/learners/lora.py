@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+import hermite
+
 from .. import stiefel
 from ..config import ConfigError
 from ..lora_instance import lora_options, run_lora_instances
@@ -167,7 +169,6 @@ class LoRA(Learner):
                     (d - k, r))
                 u0[i, k:] = stiefel.uniform_frames(g)
         if config.init == "aligned":
-            import hermite
 
             m0 = self._overlap_np(u0)
             for inst, idx in group_runs(self.instances):
@@ -183,7 +184,6 @@ class LoRA(Learner):
 
     def initial_state(self, config, instances) -> tuple[LoRAState, np.ndarray]:
         """Û₀ from :meth:`initial_frames`, Ĉ₀ = the instances' Ĉ; m₀ = sign(det M₀)σ_min(M₀)."""
-        import hermite
 
         u0 = self.initial_frames(config)
         m0 = hermite.signed_smallest(self._overlap_np(u0))
@@ -372,7 +372,6 @@ class LoRA(Learner):
 
     def trajectory(self, result: RunResult):
         """Exact loss, overlaps and (projected, Ĉ frozen) the matrix ODE; see module doc."""
-        import hermite
 
         rec, insts = result.records, self.instances
         m = rec["overlap_matrix"]  # (R, C, r, r)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+import hermite
+
 from ..config import ConfigError
 from ..observables import LOSS_EXACT, exact_loss
 from .base import Learner, RunResult, TensorState, make_trajectory
@@ -41,7 +43,6 @@ MU_ZERO_RTOL = 1e-10  # |μ_p| ≤ this × √E[σ²] counts as μ_p = 0 (quadra
 
 def hermite_mu(activation, order: int) -> float:
     """μ_order(σ) = E[σ(g) h_order(g)] (closed form where the registry has one)."""
-    import hermite
 
     return float(hermite.hermite_coefficients(activation, order)[order])
 
@@ -83,7 +84,6 @@ class Moment(Learner):
     @classmethod
     def check(cls, config, instance) -> None:
         """ConfigError when μ_order(σ) = 0: the order's Stein moment carries no signal."""
-        import hermite
 
         p = config.moment_order
         mu = hermite_mu(instance.activation, p)

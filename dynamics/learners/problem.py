@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..activations import Activation
+from ..activations import TorchActivation, torch_activation
 from ..instance import Instance
 
 __all__ = ["Problem", "rowmat", "per_run"]
@@ -34,7 +34,7 @@ class Problem:
 
     Fields
     ------
-    activation : σ (one for all runs).
+    activation : σ and σ′ on tensors (one for all runs; ``.theory`` is the numpy side).
     k, d : width and input dimension.
     lt : Lᵀ, (k, k) when every run has the same W, else (R, k, k); z = x[:k] @ Lᵀ = Wx.
     l : L itself, same layout; Wᵀγ = γ @ L (first k coordinates).
@@ -48,7 +48,7 @@ class Problem:
         (``Instance.row_scale``); ``lam`` then already carries the output factor 1/ξ.
     """
 
-    activation: Activation
+    activation: TorchActivation
     k: int
     d: int
     lt: torch.Tensor
@@ -99,7 +99,7 @@ class Problem:
             return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
 
         return cls(
-            activation=first.activation, k=first.k, d=first.d,
+            activation=torch_activation(first.activation), k=first.k, d=first.d,
             lt=t(np.swapaxes(l, -1, -2)), l=t(l), u_w=t(u_w),
             u_perp=t(stack(i.u_perp for i in uniq)),
             lam=t(stack(i.lam * i.output_scale for i in uniq)),

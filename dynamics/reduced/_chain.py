@@ -18,7 +18,8 @@ import math
 import numpy as np
 from numba import njit
 
-from ..activations_numba import sigma, sigma_and_deriv
+from hermite.activations_numba import sigma, sigma_and_deriv
+
 from . import _rng
 
 __all__ = ["run_one", "scratch", "M_TOL", "N_WORK_K", "N_WORK_B"]

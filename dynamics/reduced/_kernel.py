@@ -11,7 +11,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ..activations_numba import act_code
+from hermite.activations_numba import act_code
+
 from . import _rng
 from ._chain import run_one, scratch
 

@@ -45,7 +45,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..activations_numba import act_code, sigma, sigma_and_deriv
+from hermite.activations_numba import act_code, sigma, sigma_and_deriv
+
 from ..config import RunConfig
 from ..learners.base import RunResult
 from ..sampling import run_seed

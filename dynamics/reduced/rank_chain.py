@@ -44,7 +44,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ..activations_numba import sigma, sigma_and_deriv
+from hermite.activations_numba import sigma, sigma_and_deriv
+
 from . import _rng
 
 __all__ = ["RETRACTIONS", "init_runs", "advance", "step_given", "scratch"]

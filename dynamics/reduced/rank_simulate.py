@@ -14,7 +14,9 @@ import numba
 import numpy as np
 import torch
 
-from ..activations_numba import act_code
+import hermite
+from hermite.activations_numba import act_code
+
 from ..sampling import run_seed
 from ..trajectory import Trajectory, checkpoint_steps
 from . import rank_chain
@@ -71,7 +73,6 @@ def _initial(config, linst):
     m0, b0 = np.empty((runs, r, r)), np.empty((runs, r, r))
     rank_chain.init_runs(run_seed(config.seed, 0, "data"), d - k, states, m0, b0)
     if config.init == "aligned":
-        import hermite
 
         order, idx = distinct(linst)
         a0 = np.stack([hermite.A_matrix(li, np.zeros((r, r))) for li in order])[idx]
@@ -101,7 +102,6 @@ def _advance(config, linst, arrays, states, m, b, cp, n_steps, stop_level=math.i
 def simulate_rank_reduced(config) -> Trajectory:
     """Simulate a ``lora`` config on the rank-r chain; the same Trajectory as the full engine
     (float64 always)."""
-    import hermite
 
     from ..learners import Problem, RunResult
     from ..learners.lora import LoRA

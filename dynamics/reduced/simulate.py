@@ -9,7 +9,8 @@ import numba
 import numpy as np
 import torch
 
-from ..activations_numba import act_code
+from hermite.activations_numba import act_code
+
 from ..config import RunConfig
 from ..observables import (
     LOSS_EXACT,

@@ -1,6 +1,6 @@
 """Activations σ and σ′ as numba scalar functions, selected by an integer code.
 
-The codes mirror the names of :mod:`dynamics.activations`; ``he<p>`` carries p separately
+The codes mirror the names of :mod:`hermite.activations`; ``he<p>`` carries p separately
 (hₚ = Heₚ/√(p!) by the three-term recurrence, closed forms for p ≤ 4).
 """
 
