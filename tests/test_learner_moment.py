@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import hermite
-from dynamics.activations import torch_activation
 from dynamics.config import ConfigError, RunConfig
 from dynamics.engine import FullRun, chunk_schedule, simulate
 from dynamics.instance import build_instance
@@ -43,7 +42,7 @@ def _full_rows(inst):
 def _numpy_residuals(inst, x):
     """r = f*(x) − f₀(x) from full k×d matrices (independent of the learner's code)."""
     w, v, _ = _full_rows(inst)
-    sig = torch_activation(inst.activation).fn
+    sig = inst.activation.fn
     return sig(x @ v.T) @ inst.lam - sig(x @ w.T) @ inst.lam
 
 

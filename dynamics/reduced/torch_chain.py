@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..activations import torch_activation
 from ._chain import M_TOL
 from .params import ChainParams
 
@@ -60,6 +61,7 @@ def step(P: TorchParams, act, project: bool, joint: bool, eta: float, eta_c: flo
 
     Z (R,b,k), A, Bv, eps (R,b); ρ² from ``chi`` (R,): ‖ḡ‖²χ, or ``gram`` (R,b,b): ḡᵀGḡ.
     """
+    act = torch_activation(act)
     batch = A.shape[1]
     xc = P.xi[:, None] * chat
     wu = None if project else (pw if P.L is None else torch.einsum("rij,rj->ri", P.L, pw))
