@@ -41,7 +41,8 @@ def frozen_inst():
 
 
 def _brute_force_step(inst, mu, eta, d, n_samples, seed, label_noise=0.0):
-    """μ′ − μ by the DESIGN.md formula in the (a, b) parametrisation, independent code path."""
+    """μ′ − μ by the closed form of docs/theory/exact-reductions.md in the (a, b) parametrisation,
+    an independent code path."""
     rng = np.random.default_rng(seed)
     k = inst.k
     z = rng.standard_normal((n_samples, k))
@@ -87,7 +88,8 @@ def test_h_tilde_matches_hermite_h_and_stein(u_alpha):
 
 @pytest.mark.parametrize("u_alpha,label_noise", [(0.0, 0.0), (0.4, 0.0), (0.0, 0.3)])
 def test_one_step_moments_match_brute_force(u_alpha, label_noise):
-    """Exact drift and variance of one step vs direct simulation of the DESIGN.md formula;
+    """Exact drift and variance of one step vs direct simulation of the closed form of
+    docs/theory/exact-reductions.md;
     the η → 0 drift (no normalisation term) is rejected by the same data."""
     inst = build_instance(dict(RELU_FROZEN, u_alpha=u_alpha))
     eta, d = 2e-3, 200

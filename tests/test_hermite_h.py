@@ -65,7 +65,8 @@ def test_truncation_bound_holds(name, pmax):
 
 
 def test_relu_series_is_off_near_one_exact_is_not():
-    # DESIGN.md: orthonormal k = 5, ξ = 1 ReLU, p ≤ 60 is ~2% off at m = 0.99 when ĉ = c
+    # docs/theory/hermite-and-price-kernels.md: orthonormal k = 5, ξ = 1 ReLU, p ≤ 60 is ~2% off
+    # at m = 0.99 when ĉ = c
     inst = _inst(c_hat="teacher")
     exact, series = h(inst, 0.99), h(inst, 0.99, method="series")
     assert abs(series - exact) / abs(exact) > 5e-3
@@ -110,7 +111,8 @@ def test_series_matches_paper_T_formula(spec):
 
 
 def test_design_formula_quantized():
-    # DESIGN.md: h = 2 Σ λλ ξ² cĉ Σ_p p μ_p² (1+ξ²/k)^{−p} (G + ξ² cĉ m)^{p−1}
+    # docs/theory/hermite-and-price-kernels.md (quantized c, ĉ, u ⊥ W):
+    # h = 2 Σ λλ ξ² cĉ Σ_p p μ_p² (1+ξ²/k)^{−p} (G + ξ² cĉ m)^{p−1}
     inst = build_instance(dict(activation="he4", k=6, xi=1.4, W="separated", d=15, seed=2))
     k, xi = inst.k, inst.xi
     ll = np.outer(inst.lam, inst.lam)

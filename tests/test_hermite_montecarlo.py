@@ -1,7 +1,7 @@
 """h(m) and Φ(m) against Monte Carlo estimates from per-example gradients and losses.
 
-Canonical frame (DESIGN.md "Exact reductions"): coordinates 0..k−1 span W with W = [L, 0],
-coordinate k carries Π⊥u: u = (u_w, u⊥, 0), and û = (0, m/u⊥, √(1 − m²/u⊥²)) ⊥ W with
+Canonical frame (docs/model.md, "Canonical frame"): coordinates 0..k−1 span W with
+W = [L, 0], coordinate k carries Π⊥u: u = (u_w, u⊥, 0), and û = (0, m/u⊥, √(1 − m²/u⊥²)) ⊥ W with
 ⟨u, û⟩ = m. Only these k + 2 coordinates of x enter. The per-example projected spherical
 gradient ∇̂L = (I − ûûᵀ)Π ∇_û L is written in closed form (checked against torch autograd
 below), and −⟨∇̂L, u⟩/(u⊥² − m²) is an unbiased estimate of h(m) (Prop. 4).

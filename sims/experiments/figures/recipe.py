@@ -10,7 +10,7 @@ __all__ = ["Panel", "Recipe", "unit_row_instance", "CONVENTION", "CONVENTION_TEX
 
 _DRAWS = ("wᵢ i.i.d. uniform on S^{d−1} (W = separated), c and ĉ i.i.d. uniform on "
           "S^{k−1} (gaussian), λ = 1")
-CONVENTION = ("theory's unit-row model (DESIGN.md): vᵢ = (wᵢ + ξcᵢu)/‖wᵢ + ξcᵢu‖, "
+CONVENTION = ("theory's unit-row model (docs/model.md): vᵢ = (wᵢ + ξcᵢu)/‖wᵢ + ξcᵢu‖, "
               + _DRAWS + "; not App. B's (1/ξ)·k/(k+ξ²) scaling")
 _APPB = ("; rows are not unit vectors, so there is no ODE / Hermite theory: the loss is a "
          "Monte Carlo estimate and the finetune learner runs on the full engine. η is the "
