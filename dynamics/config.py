@@ -1,51 +1,48 @@
-"""Run configuration shared by every engine (full and reduced) and learner."""
+"""Run configuration shared by every engine (full and reduced) and learner.
+
+A :class:`RunConfig` holds the settings every run shares and, in ``options``, the chosen
+learner's own options (``dynamics.learners.options``: each learner declares them as a
+dataclass). Options are also given and read flat: ``RunConfig(..., learner="lora", rank=2)``,
+``config.rank``. An option the learner does not take is a :class:`ForeignOptionError` unless
+it has its default value (then it changes nothing and is dropped), and reads as its default
+(what that learner does: ``finetune`` is rank 1).
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
+from .errors import ConfigError, ForeignOptionError
 from .instance import Instance, build_instance
-from .learners import LEARNERS as _LEARNER_REGISTRY
-from .stiefel import RETRACTIONS
+from .learners.network import SPARSE_SELECTIONS
+from .learners.options import INITS, Options, all_options, learner_options, options_of
+from .learners.registry import LEARNERS as _LEARNER_REGISTRY
+from .learners.registry import get_learner
 
-__all__ = ["RunConfig", "ConfigError", "LEARNERS", "ENGINES", "INITS", "CHECKPOINT_SPACINGS",
-           "SPARSE_SELECTIONS", "STREAMS"]
+__all__ = ["RunConfig", "ConfigError", "ForeignOptionError", "LEARNERS", "ENGINES", "INITS",
+           "CHECKPOINT_SPACINGS", "SPARSE_SELECTIONS", "STREAMS"]
 
 LEARNERS = tuple(_LEARNER_REGISTRY)
-SPARSE_SELECTIONS = ("lambda", "random")
 ENGINES = ("full", "reduced", "auto")
-INITS = ("uniform", "aligned")
 CHECKPOINT_SPACINGS = ("log", "linear")
-STREAMS = ("auto", "per_run", "shared")
+STREAMS = ("auto", "per_run", "shared", "counter")
 
 
-class ConfigError(ValueError):
-    """An invalid run configuration; the message names the field."""
-
-    def __init__(self, field_name: str, problem: str):
-        super().__init__(f"run config: '{field_name}': {problem}")
-        self.field = field_name
-
-
-@dataclass
+@dataclass(init=False)
 class RunConfig:
     """Everything that defines a batch of R independent online-SGD runs.
 
     Fields
     ------
     instance : the instance spec dict (see ``dynamics.instance``); resolved per run.
-    learner : learner name (``finetune``; more in later learners).
-    eta : step size η for û (eq. 4). eta_c : step size for ĉ when ``joint_c`` (default η).
-    steps : horizon T (number of SGD steps). runs : R, the leading run axis.
+    learner : learner name (``dynamics.learners.LEARNERS``).
+    eta : step size η. steps : horizon T (number of SGD steps). runs : R, the leading run axis.
     seed : master seed; run r uses streams derived from (seed, r).
     instance_seeds : ``shared`` (one instance for all runs, from the spec's seed) or
         ``per_run`` (run r's instance uses spec seed + r: c, ĉ, random W differ per run).
     xi_values : optional list of ξ; runs are split into equal consecutive blocks, one per ξ.
-    joint_c : train ĉ jointly (plain SGD) instead of freezing it.
-    project : apply Π onto span(W)^⊥ to the gradient (eq. 4); False = unprojected variant.
     batch : mini-batch size b (1 = online SGD). label_noise : variance of additive label noise.
-    init : ``uniform`` on the sphere of span(W)^⊥, or ``aligned`` (m₀·h(0) > 0, Thm 11-13).
     checkpoints : number of checkpoints; spacing : ``log`` or ``linear``.
     dtype : ``float64`` (default) or ``float32``; device : ``cpu``, ``cuda`` or ``auto``.
     engine : ``full``, ``reduced`` or ``auto``.
@@ -53,44 +50,29 @@ class RunConfig:
         numbers do not depend on R), or one generator for all runs (``shared``: one draw per
         chunk, the fast path on CUDA, where per-run draws cost one launch per run); ``auto``
         = per_run on CPU, shared on CUDA. Same config and seed give the same numbers either way.
+        ``counter`` (CPU): a counter-based ziggurat per run (``dynamics.counter_stream``; run
+        r's numbers depend on (seed, r) only, same law, other draws), ~6× cheaper per number
+        than torch's float64 sampler, which bounds the O(k′d) learners at small k′.
+    eval_size : examples in the fixed Monte Carlo evaluation set of the loss (used where no
+        exact population loss applies: unprojected û, the linear model's loss).
     finite_d_theory : also record the noise-corrected ODE and the theory band (issue 8;
         frozen ĉ, projected, b = 1 only; a few seconds per distinct instance).
-    eval_size : examples in the fixed Monte Carlo evaluation set of the loss (used where no
-        exact population loss applies: unprojected learner).
-
-    Learner options (each ignored by the learners it does not concern):
-    prox : proximal regularisation prox·‖Δ‖² toward the base model (finetune, linearized).
-    full_rank : linearized learner with a full-rank Δ ∈ R^{k×d} (the NTK of full
-        fine-tuning) instead of the rank-1 Δ = ξĉûᵀ.
-    width : student width k′ of ``scratch``/``scratch-csq`` (None: k).
-    train_second_layer : ``scratch`` also trains its second layer (else fixed to λ).
-    moment_order : 1 (first-order Stein estimator) or 2 (top eigenvector) for ``moment``.
-    sparse_rows : rows s fine-tuned by ``sparse`` (None: ⌈(k + d)/d⌉, rank-1 LoRA's budget).
-    sparse_select : which rows ``sparse`` tunes: ``lambda`` (largest |λᵢ|) or ``random``.
-    refit : after the run, refit the second layer on the 2k features
-        σ(⟨wᵢ ± ξ/√k û, x⟩/norm) (App. F.2) at every checkpoint; records ``refit_loss``.
-    refit_samples : examples of the least-squares refit.
-    rank : r, the rank of the teacher's perturbation ξCUᵀ and of the student's ξĈÛᵀ
-        (``lora`` learner; 1 = the paper's model). The rank-r teacher (C, its spectrum, Ĉ) is
-        set by the instance spec keys ``C``, ``spectrum``, ``C_hat``
-        (``dynamics.lora_instance``).
-    retraction : Stiefel retraction of ``lora``: ``polar`` (default) or ``qr``.
+    options : the learner's options (its ``Options`` dataclass; None for an unknown learner,
+        which :meth:`validate` names). Built by the constructor from ``options=`` (another
+        config's options or a mapping) and keyword options (``rank=2``) on top.
+    extra : free-form settings (the rank-r teacher keys of ``dynamics.lora_instance``).
     """
 
     instance: dict
     learner: str = "finetune"
     eta: float = 1e-3
-    eta_c: float | None = None
     steps: int = 10_000
     runs: int = 8
     seed: int = 0
     instance_seeds: str = "shared"
     xi_values: list[float] | None = None
-    joint_c: bool = False
-    project: bool = True
     batch: int = 1
     label_noise: float = 0.0
-    init: str = "uniform"
     checkpoints: int = 60
     spacing: str = "log"
     dtype: str = "float64"
@@ -99,50 +81,68 @@ class RunConfig:
     streams: str = "auto"
     eval_size: int = 20_000
     finite_d_theory: bool = True
-    prox: float = 0.0
-    full_rank: bool = False
-    width: int | None = None
-    train_second_layer: bool = False
-    moment_order: int = 1
-    sparse_rows: int | None = None
-    sparse_select: str = "lambda"
-    refit: bool = False
-    refit_samples: int = 20_000
-    rank: int = 1
-    retraction: str = "polar"
+    options: Options | None = None
     extra: dict = field(default_factory=dict)
 
+    def __init__(self, instance: dict, *, options=None, **kwargs):
+        known = all_options()
+        given = {k: kwargs.pop(k) for k in list(kwargs) if k in known}
+        for f in fields(self):
+            if f.name in ("instance", "options"):
+                continue
+            if f.name in kwargs:
+                value = kwargs.pop(f.name)
+            else:
+                value = f.default if f.default_factory is MISSING else f.default_factory()
+            setattr(self, f.name, value)
+        if kwargs:
+            raise TypeError(f"RunConfig() got an unexpected keyword argument "
+                            f"{next(iter(kwargs))!r}")
+        self.instance = instance
+        try:
+            options_of(self.learner)
+        except (ValueError, ImportError):  # unknown or unavailable: validate() says which
+            self.options = None
+        else:
+            self.options = learner_options(self.learner, options, given)
+
+    def __getattr__(self, name):
+        """A learner option, read flat (``config.rank``); one the learner does not take
+        reads as its default."""
+        if name.startswith("__") or name not in all_options():
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.__dict__.get("options"), name, all_options()[name].default)
+
+    def __setattr__(self, name, value):
+        if name in all_options():
+            raise AttributeError(f"{name!r} is a learner option: use "
+                                 f"dataclasses.replace(config, {name}=...)")
+        super().__setattr__(name, value)
+
     def validate(self) -> RunConfig:
-        """Check every field; raise :class:`ConfigError` naming the first bad one."""
+        """Check every field; raise :class:`ConfigError` naming the first bad one (the
+        learner's options checked themselves on construction)."""
         if self.learner not in LEARNERS:
             raise ConfigError("learner", f"unknown learner {self.learner!r}; valid: "
                                          f"{', '.join(LEARNERS)}")
-        for name in ("eta",) + (("eta_c",) if self.eta_c is not None else ()):
-            val = getattr(self, name)
-            if not isinstance(val, (int, float)) or not math.isfinite(val) or val <= 0:
-                raise ConfigError(name, f"must be a finite number > 0, got {val!r}")
-        for name in ("steps", "runs", "batch", "checkpoints", "eval_size", "refit_samples",
-                     "rank"):
+        val = self.eta
+        if not isinstance(val, (int, float)) or not math.isfinite(val) or val <= 0:
+            raise ConfigError("eta", f"must be a finite number > 0, got {val!r}")
+        for name in ("steps", "runs", "batch", "checkpoints", "eval_size"):
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
                 raise ConfigError(name, f"must be a positive integer, got {val!r}")
-        for name in ("label_noise", "prox"):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, (int, float)) \
-                    or not math.isfinite(val) or val < 0:
-                raise ConfigError(name, f"must be a finite number ≥ 0, got {val!r}")
-        for name in ("width", "sparse_rows"):
-            val = getattr(self, name)
-            if val is not None and (isinstance(val, bool) or not isinstance(val, int)
-                                    or val <= 0):
-                raise ConfigError(name, f"must be a positive integer, got {val!r}")
-        if self.moment_order not in (1, 2):
-            raise ConfigError("moment_order", f"must be 1 or 2, got {self.moment_order!r}")
-        for name, valid in (("init", INITS), ("spacing", CHECKPOINT_SPACINGS),
+        val = self.seed  # 63 bits: the streams take any, the HDF5 attribute is an int64
+        if isinstance(val, bool) or not isinstance(val, int) or not 0 <= val < 2**63:
+            raise ConfigError("seed", f"(--seed) must be an integer in 0 … 2**63 − 1, "
+                                      f"got {val!r}")
+        val = self.label_noise
+        if isinstance(val, bool) or not isinstance(val, (int, float)) \
+                or not math.isfinite(val) or val < 0:
+            raise ConfigError("label_noise", f"must be a finite number ≥ 0, got {val!r}")
+        for name, valid in (("spacing", CHECKPOINT_SPACINGS),
                             ("engine", ENGINES), ("instance_seeds", ("shared", "per_run")),
                             ("dtype", ("float64", "float32")),
-                            ("sparse_select", SPARSE_SELECTIONS),
-                            ("retraction", RETRACTIONS),
                             ("device", ("cpu", "cuda", "auto")), ("streams", STREAMS)):
             if getattr(self, name) not in valid:
                 raise ConfigError(name, f"must be one of {', '.join(valid)}, "
@@ -156,21 +156,19 @@ class RunConfig:
         base = build_instance(self.instance)  # raises SpecError naming the key
         if base.d is None:
             raise ConfigError("instance", "key 'd' is required to simulate")
-        from .learners import get_learner
-
         try:
             learner = get_learner(self.learner)
         except ImportError as exc:
             raise ConfigError("learner", f"learner {self.learner!r} is not available: "
                                          f"{exc}") from None
+        if type(self.options) is not learner.Options:
+            raise ConfigError("options", f"must be {learner.Options.__name__} (the options of "
+                                         f"{self.learner!r}), got {type(self.options).__name__}")
         if not base.unit_rows and self.learner != "finetune":  # before the learner's checks,
             # which may evaluate unit-row theory
             raise ConfigError("learner", f"the App. B convention {base.convention!r} is "
                                          f"supported by 'finetune' only, not {self.learner!r}")
         learner.check(self, base)
-        if self.refit and self.learner not in ("finetune",):
-            raise ConfigError("refit", f"needs a learner that learns û (finetune), "
-                                       f"not {self.learner!r}")
         return self
 
     @property
@@ -196,15 +194,22 @@ class RunConfig:
         return out
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The shared fields and the learner's own options, flat (``extra`` last)."""
+        data = asdict(self)
+        options, extra = data.pop("options") or {}, data.pop("extra")
+        return data | options | {"extra": extra}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
         """Inverse of :meth:`to_dict`; also accepts a trajectory file's ``config`` attribute
-        (its derived key ``resolved_instances`` is dropped)."""
+        (its derived key ``resolved_instances`` is dropped), including one written when every
+        learner option was a field: an option the learner does not take is dropped where it
+        has its default value, and is a :class:`ForeignOptionError` otherwise."""
         data = {k: v for k, v in data.items() if k != "resolved_instances"}
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(data) - known)
+        shared = {f.name for f in fields(cls)} - {"options"}
+        known = all_options()
+        unknown = sorted(set(data) - shared - set(known))
         if unknown:
-            raise ConfigError(unknown[0], f"unknown field; valid: {', '.join(sorted(known))}")
+            valid = sorted(shared | set(known))
+            raise ConfigError(unknown[0], f"unknown field; valid: {', '.join(valid)}")
         return cls(**data)

@@ -1,4 +1,4 @@
-"""Default step size and horizon of a run, read off the instance (DESIGN.md, "Choosing η").
+"""Default η and horizon of a run, read off the instance (docs/conventions.md, "Choosing η").
 
 With η = c/d the one-step drift of m is η h(m)(u_perp² − m²) (Prop. 4) minus the
 renormalisation term ≈ (η²d/2) m E[g²](m), g the scalar of the sample gradient; their ratio
@@ -21,6 +21,7 @@ import torch
 import hermite
 
 from .instance import Instance
+from .learners import Finetune, Problem
 
 __all__ = ["ETA_C", "choose_c", "default_eta", "default_steps", "gradient_second_moment"]
 
@@ -37,8 +38,6 @@ _SAMPLES = 20_000
 def gradient_second_moment(instance: Instance, m, samples: int = _SAMPLES,
                            seed: int = 0) -> np.ndarray:
     """E[g²] at overlaps m for û ⊥ span W (projected learner, frozen ĉ), by Monte Carlo."""
-    from .learners import Finetune, Problem
-
     k = instance.k
     small = dataclasses.replace(instance, d=k + 2)
     m = np.atleast_1d(np.asarray(m, dtype=float))

@@ -13,12 +13,14 @@ never reaches the other runs; their records read NaN from that step on.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from .budget import check_memory
 from .config import RunConfig
 from .learners import Problem, RunResult, get_learner
 from .learners.directions import initial_directions
@@ -26,7 +28,7 @@ from .sampling import NoiseSource, resolve_device, resolve_dtype
 from .trajectory import Trajectory, checkpoint_steps
 
 __all__ = ["simulate", "simulate_full", "FullRun", "choose_engine", "initial_directions",
-           "chunk_schedule"]
+           "chunk_schedule", "iter_chunk_schedule"]
 
 
 def choose_engine(config: RunConfig) -> str:
@@ -42,9 +44,15 @@ def choose_engine(config: RunConfig) -> str:
 
 
 def simulate(config: RunConfig, progress: bool = False) -> Trajectory:
-    """Run ``config`` (validated here) on the engine it names; same config → same numbers."""
+    """Run ``config`` (validated here) on the engine it names; same config → same numbers.
+
+    Before anything is allocated, :func:`dynamics.budget.check_memory` refuses a request that
+    cannot fit in the available memory (MemoryBudgetError, one line: what fits).
+    """
     config.validate()
-    if choose_engine(config) == "reduced":
+    engine = choose_engine(config)
+    check_memory(config, engine=engine)
+    if engine == "reduced":
         from .reduced import simulate_reduced
 
         return simulate_reduced(config)
@@ -103,16 +111,20 @@ def _intraop_threads(n: int):
         torch.set_num_threads(before)
 
 
-def chunk_schedule(steps: np.ndarray, chunk: int) -> list[tuple[int, bool]]:
-    """(size, ends-at-a-checkpoint) of every chunk from step 0 to steps[-1]."""
-    out = []
+def iter_chunk_schedule(steps: np.ndarray, chunk: int) -> Iterator[tuple[int, bool]]:
+    """(size, ends-at-a-checkpoint) of every chunk from step 0 to steps[-1], lazily: a
+    horizon of 10¹³ steps has ~4·10¹⁰ chunks, which must never exist as a list."""
     for lo, hi in zip(steps[:-1], steps[1:], strict=True):
-        t = int(lo)
+        t, hi = int(lo), int(hi)
         while t < hi:
-            n = min(chunk, int(hi) - t)
+            n = min(chunk, hi - t)
             t += n
-            out.append((n, t == hi))
-    return out
+            yield n, t == hi
+
+
+def chunk_schedule(steps: np.ndarray, chunk: int) -> list[tuple[int, bool]]:
+    """:func:`iter_chunk_schedule` as a list (small horizons, tests)."""
+    return list(iter_chunk_schedule(steps, chunk))
 
 
 class FullRun:
@@ -147,19 +159,25 @@ class FullRun:
                 NoiseSource(cfg.seed, cfg.runs, cfg.batch, d, extra=int(noisy),
                             sqnorm_cols=learner.sqnorm_columns, device=self.device,
                             dtype=self.dtype, threads=cores,
-                            per_run={"auto": None, "per_run": True,
-                                     "shared": False}[cfg.streams]) as noise, \
+                            per_run={"auto": None, "per_run": True, "shared": False,
+                                     "counter": True}[cfg.streams],
+                            counter=cfg.streams == "counter") as noise, \
                 tqdm(total=cfg.steps, disable=not progress, unit="step") as bar:
-            schedule = chunk_schedule(self.steps, noise.chunk_steps)
+            schedule = iter_chunk_schedule(self.steps, noise.chunk_steps)
+            chunked = getattr(learner, "step_chunk_", None)  # all of a chunk's steps at once
             norms = torch.empty((noise.chunk_steps, cfg.runs), dtype=self.dtype,
                                 device=self.device)
-            chunks = noise.chunks(n for n, _ in schedule)
+            chunks = noise.chunks(n for n, _ in iter_chunk_schedule(self.steps,
+                                                                    noise.chunk_steps))
             for (n, at_checkpoint), (buf, sqnorm) in zip(schedule, chunks, strict=True):
                 start, snapshot = state.step, state.clone()
                 x = buf[..., :d]
                 pre = learner.prepare(state, x, buf[..., d] if noisy else None, sqnorm)
-                for i in range(n):
-                    norms[i] = learner.step_prepared_(state, x[:, i], pre, i)
+                if chunked is not None:  # the learner steps through the chunk itself
+                    chunked(state, x, pre, norms[:n])
+                else:
+                    for i in range(n):
+                        norms[i] = learner.step_prepared_(state, x[:, i], pre, i)
                 learner.renormalize_(state)
                 self.divergence.check(learner, state, snapshot, norms[:n], start)
                 bar.update(n)

@@ -3,7 +3,7 @@
 The teacher is f*(x) = Σᵢ λᵢ σ(⟨vᵢ, x⟩) with vᵢ = (wᵢ + ξ cᵢ u)/Nᵢ, Nᵢ = ‖wᵢ + ξ cᵢ u‖
 (paper §1.1, eq. 3, rows renormalized); the student replaces (c, u) by (ĉ, û).
 
-Rotation invariance (DESIGN.md, "Exact reductions"): x ~ N(0, I_d) is isotropic, so an
+Rotation invariance (docs/model.md, "Canonical frame"): x ~ N(0, I_d) is isotropic, so an
 instance is stored in its *canonical frame*: coordinates 0..k-1 span span(W), coordinate k is
 the unit direction e of u's part orthogonal to span(W), the rest is the complement. In that
 frame W = [L, 0] with L the k×k factor (L Lᵀ = G = W Wᵀ), and

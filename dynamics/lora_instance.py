@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import ConfigError
+from .errors import ConfigError
 from .instance import C_GENERATORS, Instance, _rng, _vector
 from .stiefel import uniform_frames
 

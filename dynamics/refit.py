@@ -7,8 +7,8 @@ teacher is exactly f* = Σᵢ λᵢ φᵢ,sign(cᵢ), so the optimal a reaches l
 
 Everything depends on x only through its coordinates in span(W) ⊕ span(u, û), so the fit
 sample is drawn in the reduced coordinates (x_W ∈ R^k, x_e, x_rest) of
-``observables.reduced_coordinates`` — û = (û_w, û_k, ‖rest‖), u = (u_w, u⊥, 0) — which is
-exact in law. Population quantities are exact with dual kernels K(ρ) = E[σ(z₁)σ(z₂)]
+``dynamics.observables.reduced_coordinates`` — û = (û_w, û_k, ‖rest‖), u = (u_w, u⊥, 0) —
+which is exact in law. Population quantities are exact with dual kernels K(ρ) = E[σ(z₁)σ(z₂)]
 (App. D.1, ``dynamics.network_loss``):
 
     E(f* − aᵀφ)² = E f*² − 2aᵀb + aᵀAa,   A = K(F Fᵀ),  b = K(F Vᵀ) λ,  E f*² = λᵀK(VVᵀ)λ,
@@ -29,6 +29,7 @@ import numpy as np
 import hermite
 
 from .network_loss import network_loss, teacher_rows
+from .observables import group_runs
 from .sampling import run_seed
 
 __all__ = [
@@ -156,8 +157,6 @@ def refit_records(config, instances, coords: np.ndarray, dead: np.ndarray) -> di
     diverged run's checkpoints (NaN there, as where coords are not finite). Run r's fit
     sample comes from (config.seed, r) and is shared by all its checkpoints.
     """
-    from .observables import group_runs
-
     coords = np.asarray(coords, dtype=float)
     runs, cps = coords.shape[:2]
     fit, pop = np.full((runs, cps), np.nan), np.full((runs, cps), np.nan)

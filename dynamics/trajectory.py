@@ -1,4 +1,9 @@
-"""The result of a batch of runs: what every engine returns and what HDF5 files store."""
+"""The result of a batch of runs: what every engine returns and what HDF5 files store.
+
+:class:`Trajectory` holds the checkpointed curves; :class:`RunResult` the raw checkpoint
+records an engine hands over; :func:`make_trajectory` is the one factory from the latter to
+the former (divergence masking, shared run metadata), used by every learner and reduced engine.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Trajectory", "checkpoint_steps"]
+__all__ = ["Trajectory", "RunResult", "checkpoint_steps", "mask_dead", "make_trajectory"]
 
 
 def checkpoint_steps(steps: int, count: int, spacing: str = "log") -> np.ndarray:
@@ -92,3 +97,69 @@ class Trajectory:
             "median_steps_to_0.5": float(np.nanmedian(t05)) if np.isfinite(t05).any()
             else float("nan"),
         }
+
+
+@dataclass
+class RunResult:
+    """Raw checkpoint records of R runs, what ``Learner.trajectory`` turns into a Trajectory.
+
+    ``dtype``: the precision the records were computed in, when not ``config.dtype``.
+    """
+
+    config: object
+    instances: list
+    steps: np.ndarray  # (C,) checkpoint steps
+    records: dict  # name → (R, C, ...) stacked observations
+    diverged_step: np.ndarray  # (R,) int64, −1 if never
+    m0: np.ndarray  # (R,)
+    device: object
+    engine: str = "full"
+    dtype: str | None = None
+
+    @property
+    def dead(self) -> np.ndarray:
+        """(R, C) True from the checkpoint a run diverged at on."""
+        ds = self.diverged_step
+        return (ds[:, None] >= 0) & (self.steps[None, :] >= ds[:, None])
+
+
+def mask_dead(result: RunResult, array: np.ndarray) -> np.ndarray:
+    """``array`` (R, C, ...) with NaN at a run's checkpoints from its divergence on."""
+    dead = result.dead.reshape(result.dead.shape + (1,) * (array.ndim - 2))
+    return np.where(dead, np.nan, array)
+
+
+def make_trajectory(result: RunResult, overlap: np.ndarray, loss: np.ndarray, *,
+                    loss_kind: str, ode: np.ndarray | None = None,
+                    c_overlap: np.ndarray | None = None, extra: dict | None = None,
+                    theory: dict | None = None) -> Trajectory:
+    """The :class:`Trajectory` of ``result`` from its (R, C) curves.
+
+    Divergence masking is applied here to ``overlap``, ``loss``, ``ode``, ``c_overlap`` and
+    every ``extra`` array (run axis first, checkpoint axis second where it has one).
+    ``theory``: Trajectory keyword arguments (``ode``, ``ode_corrected``, ``band_lower``,
+    ``band_upper``) kept unmasked, predictions from m₀ rather than records of the run.
+    Without an ``ode`` the ODE curve is NaN (no theory).
+    """
+    runs, cps = result.diverged_step.shape[0], result.steps.shape[0]
+    theory = dict(theory or {})
+    if ode is not None and "ode" in theory:
+        raise ValueError("make_trajectory: ode given both masked and in theory")
+
+    def masked(a):
+        a = np.asarray(a, dtype=float)
+        return mask_dead(result, a) if a.ndim >= 2 and a.shape[1] == cps else a
+
+    if ode is not None:
+        theory["ode"] = masked(ode)
+    theory.setdefault("ode", np.full((runs, cps), np.nan))
+    inst = result.instances
+    return Trajectory(
+        steps=result.steps, overlap=masked(overlap), loss=masked(loss), **theory,
+        diverged_step=result.diverged_step, xi=np.array([i.xi for i in inst]),
+        instance_seed=np.array([i.seed for i in inst], dtype=np.int64),
+        c_overlap=None if c_overlap is None else masked(c_overlap), loss_kind=loss_kind,
+        dtype=result.dtype or result.config.dtype, device=str(result.device),
+        engine=result.engine, extra={n: masked(a) for n, a in (extra or {}).items()},
+        m0=result.m0,
+    )

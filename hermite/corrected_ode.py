@@ -16,8 +16,8 @@ At fixed d and η → 0 the first two terms are the complete O(η²) drift — t
 drift, with E[g²(t² + ‖r‖²)] = E[S²‖Px‖²] = (d−k−2)E[S²] + E[S²(a²+b²−s²)] (note
 a² + b² − s² = t²). The cross term −E[AB]/2 is O(η³d) and the B² term O(η⁴d²): relative to the
 kept noise term they are O(ηd·E[g³t]/E[g²]) and O(ηd·E[g⁴]/E[g²]), so they are *not* negligible
-when ηd is O(1) (the η = c/d scaling of DESIGN.md) and g is heavy-tailed; in that scaling the
-two kept terms are O(η) and all four neglected ones O(η²), the same order as E[g²t²].
+when ηd is O(1) (the η = c/d scaling, docs/conventions.md) and g is heavy-tailed; in that
+scaling the two kept terms are O(η) and all four neglected ones O(η²), the same order as E[g²t²].
 Measured (ReLU, k = 5, d = 200, frozen ĉ ≠ c): the floors of the truncation and of the exact
 drift differ by 3e-5 at ηd = 0.2, 4e-4 at 0.4, 2e-3 at 0.6 and 7e-3 at 0.8. Hence
 the default ``method="exact"`` uses the exact conditional mean E[μ′ − μ | μ] of one step (★)
@@ -64,6 +64,7 @@ __all__ = [
 ]
 
 METHODS = ("exact", "second_order", "plain")
+VAR_BLOWUP = 1.0  # the LNA variance of μ ∈ [−1, 1] beyond which it is a blow-up (μ units)
 _FINE = 8193
 _THETA_CUT = 0.02  # below this angle from ±1, D′ and D″ are held at their value there
 
@@ -259,56 +260,93 @@ def _flow(m, v, K, drift, dprime, dsecond, var, dth, closure):  # pragma: no cov
 @numba.njit(cache=True)
 def _iterate(mu0, ckpts, drift, dth, dprime, K):  # pragma: no cover - compiled
     """The map from each μ₀, recorded at ckpts; with K > 1, whole blocks of K steps are one
-    RK4 step of its flow (the remainder before each checkpoint is iterated exactly)."""
+    RK4 step of its flow (the remainder before each checkpoint is iterated exactly). A fixed
+    point in floating point skips to the checkpoint (exact); a non-finite value is a blow-up:
+    NaN from there, its step in the second output (−1: none)."""
     r_total = mu0.size
     out = np.empty((r_total, ckpts.size))
+    blow = np.full(r_total, -1, dtype=np.int64)
     for r in range(r_total):
         m = mu0[r]
         t = 0
         for c in range(ckpts.size):
-            while K > 1 and t + K <= ckpts[c]:
-                m, _ = _flow(m, 0.0, K, drift, dprime, drift, drift, dth, False)
-                t += K
-            while t < ckpts[c]:
-                m = m + _lookup(drift, dth, m)
-                if m > 1.0:
-                    m = 1.0
-                elif m < -1.0:
-                    m = -1.0
+            while m == m and K > 1 and t + K <= ckpts[c]:
+                new, _ = _flow(m, 0.0, K, drift, dprime, drift, drift, dth, False)
+                if not math.isfinite(new):
+                    m = np.nan
+                    blow[r] = t + K
+                    break
+                if new == m:
+                    t += K * ((ckpts[c] - t) // K)
+                else:
+                    t += K
+                m = new
+            while m == m and t < ckpts[c]:
+                new = m + _lookup(drift, dth, m)
+                if new > 1.0:
+                    new = 1.0
+                elif new < -1.0:
+                    new = -1.0
                 t += 1
+                if not math.isfinite(new):
+                    m = np.nan
+                    blow[r] = t
+                    break
+                if new == m:
+                    t = ckpts[c]
+                m = new
             out[r, c] = m
-    return out
+    return out, blow
 
 
 @numba.njit(cache=True)
 def _lna(mu0, v0, ckpts, drift, dprime, dsecond, var, dth, closure, K):  # pragma: no cover
+    """Mean and LNA variance along each path; the variance of μ ∈ [−1, 1] is at most 1, so a
+    non-finite mean or a variance above ``VAR_BLOWUP`` is a blow-up: NaN from that step (its
+    step in the third output, −1: none). A fixed point of (m, v) in floating point skips to
+    the checkpoint (exact)."""
     r_total = mu0.size
     mean = np.empty((r_total, ckpts.size))
     vout = np.empty((r_total, ckpts.size))
+    blow = np.full(r_total, -1, dtype=np.int64)
     for r in range(r_total):
         m = mu0[r]
         v = v0[r]
         t = 0
         for c in range(ckpts.size):
-            while K > 1 and t + K <= ckpts[c]:
-                m, v = _flow(m, v, K, drift, dprime, dsecond, var, dth, closure)
-                t += K
-            while t < ckpts[c]:
+            while m == m and K > 1 and t + K <= ckpts[c]:
+                mn, vn = _flow(m, v, K, drift, dprime, dsecond, var, dth, closure)
+                if not (math.isfinite(mn) and vn <= VAR_BLOWUP):
+                    m = v = np.nan
+                    blow[r] = t + K
+                    break
+                if mn == m and vn == v:
+                    t += K * ((ckpts[c] - t) // K)
+                else:
+                    t += K
+                m, v = mn, vn
+            while m == m and t < ckpts[c]:
                 dp = _lookup(dprime, dth, m)
                 vn = (1.0 + dp) ** 2 * v + _lookup(var, dth, m)
                 step = _lookup(drift, dth, m)
                 if closure:
                     step += 0.5 * _lookup(dsecond, dth, m) * v
-                m = m + step
-                if m > 1.0:
-                    m = 1.0
-                elif m < -1.0:
-                    m = -1.0
-                v = vn
+                mn = m + step
+                if mn > 1.0:
+                    mn = 1.0
+                elif mn < -1.0:
+                    mn = -1.0
                 t += 1
+                if not (math.isfinite(mn) and vn <= VAR_BLOWUP):
+                    m = v = np.nan
+                    blow[r] = t
+                    break
+                if mn == m and vn == v:
+                    t = ckpts[c]
+                m, v = mn, vn
             mean[r, c] = m
             vout[r, c] = v
-    return mean, vout
+    return mean, vout, blow
 
 
 @numba.njit(cache=True)
@@ -319,7 +357,7 @@ def _hit(mu0, target, sign, max_steps, drift, dth):  # pragma: no cover - compil
         t = 0
         while sign * m < target and t < max_steps:
             step = _lookup(drift, dth, m)
-            if sign * step <= 0.0:
+            if not sign * step > 0.0 or m + step == m:  # stalls (or a fixed point in floats)
                 t = max_steps
                 break
             m = m + step
@@ -356,7 +394,7 @@ def _ckpts(steps):
 
 def corrected_ode(instance, eta, d, m0, steps, *, c_hat=None, label_noise=0.0,
                   method="exact", closure=False, table: DriftTable | None = None,
-                  **table_kw) -> np.ndarray:
+                  return_blowup: bool = False, **table_kw) -> np.ndarray:
     """Iterate the finite-d mean-field map m̄_{t+1} = m̄_t + u⊥·D(m̄_t/u⊥) from each m₀.
 
     ``closure=True`` adds the Gaussian-closure term ½D″(μ̄)Var_t with the LNA variance of the
@@ -369,16 +407,21 @@ def corrected_ode(instance, eta, d, m0, steps, *, c_hat=None, label_noise=0.0,
     the exact one-step mean (default); ``"plain"`` is the η → 0 map. Same call shape as
     :func:`hermite.ode.population_ode` plus ``d``: m0 (R,), steps (C,) sorted checkpoints;
     returns (R, C). Cost: table build once (~G × 20 ms), then numba, ~5 ns per step per run.
+    The map keeps m̄ in [−u⊥, u⊥]; a non-finite value (or, with ``closure``, an LNA variance
+    of μ above ``VAR_BLOWUP`` = 1, the most a quantity in [−1, 1] can have) is a blow-up: the
+    run reads NaN from there, and ``return_blowup=True`` also returns the (R,) blow-up steps
+    (−1: none). A fixed point in floating point skips to the next checkpoint (exact).
     """
     tab = table or drift_table(instance, eta, d, method=method, c_hat=c_hat,
                                label_noise=label_noise, **table_kw)
     mu0, ck = _mu0(instance, m0), _ckpts(steps)
     if closure:
-        mu, _ = _lna(mu0, np.zeros(mu0.size), ck, tab.fine_drift, tab.fine_dprime,
-                     tab.fine_dsecond, tab.fine_var, tab.dth, True, flow_block(tab, ck))
+        mu, _, blow = _lna(mu0, np.zeros(mu0.size), ck, tab.fine_drift, tab.fine_dprime,
+                           tab.fine_dsecond, tab.fine_var, tab.dth, True, flow_block(tab, ck))
     else:
-        mu = _iterate(mu0, ck, tab.fine_drift, tab.dth, tab.fine_dprime, flow_block(tab, ck))
-    return instance.u_perp * mu
+        mu, blow = _iterate(mu0, ck, tab.fine_drift, tab.dth, tab.fine_dprime,
+                            flow_block(tab, ck))
+    return (instance.u_perp * mu, blow) if return_blowup else instance.u_perp * mu
 
 
 def corrected_mean(instance, eta, d, m0, steps, *, closure=False, c_hat=None,

@@ -22,7 +22,9 @@ Two bands (10–90% by default):
   m ≈ 0 when h(0) is small: there D(μ) ≈ D′(0)μ, the runs leave 0 in both directions, the law
   is bimodal and the linearised variance (1 + D′(0))^{2t}Var₀ explodes. Measured on He₃, k = 4,
   d = 50, ĉ with ⟨c, ĉ⟩ = 0 (h(0) = 0), η = 1e-4, uniform m₀: at t = 24000 the empirical
-  10/90% quantiles are ∓0.86, the Gaussian band is ∓3.2 (∓125 at t = 60000).
+  10/90% quantiles are ∓0.86, the Gaussian band was ∓3.2 (∓125 at t = 60000). A variance of
+  μ ∈ [−1, 1] above 1 is impossible, so such a band is now flagged as a blow-up
+  (``TheoryBand.blowup_step``) and reads NaN from that step (issue 16).
 * ``method="mixture"`` (default): each initial value — the runs' own m₀, or J quantile nodes of
   the initial law — is carried by the corrected ODE with its own LNA variance started at 0;
   the predicted law is the equal-weight mixture of N(μ̄_j(t), Var_j(t)), whose quantiles are
@@ -83,7 +85,11 @@ def drift_table_sign(instance) -> int:
 
 @dataclass(frozen=True)
 class TheoryBand:
-    """Predicted mean, sd and quantile band of m_t at the checkpoints ``steps``."""
+    """Predicted mean, sd and quantile band of m_t at the checkpoints ``steps``.
+
+    ``blowup_step``: the first step at which a path's LNA blew up (its variance of μ left
+    [0, 1], or its mean went non-finite), −1 if none; the band is NaN from there on.
+    """
 
     steps: np.ndarray
     mean: np.ndarray
@@ -92,6 +98,7 @@ class TheoryBand:
     upper: np.ndarray
     quantiles: tuple
     method: str
+    blowup_step: int = -1
 
 
 def _mixture_quantile(means, sds, prob, iters=80):
@@ -127,22 +134,24 @@ def theory_band(instance, eta, d, steps, *, m0=None, init="uniform", method="mix
         mean0, var0 = float(m_nodes.mean()), float(m_nodes.var())
     if method == "gaussian":
         mu0 = _mu0(instance, [mean0])
-        mean, var = _lna(mu0, np.array([var0 / up**2]), ck, tab.fine_drift, tab.fine_dprime,
-                         tab.fine_dsecond, tab.fine_var, tab.dth, closure,
-                      flow_block(tab, ck))
+        mean, var, blow = _lna(mu0, np.array([var0 / up**2]), ck, tab.fine_drift,
+                               tab.fine_dprime, tab.fine_dsecond, tab.fine_var, tab.dth,
+                               closure, flow_block(tab, ck))
         mean, sd = up * mean[0], up * np.sqrt(var[0])
         z = scipy.stats.norm.ppf(quantiles)
         return TheoryBand(ck, mean, sd, mean + z[0] * sd, mean + z[1] * sd, tuple(quantiles),
-                          method)
+                          method, int(blow[0]))
     if method != "mixture":
         raise ValueError(f"method must be 'mixture' or 'gaussian', got {method!r}")
     mu0 = _mu0(instance, m_nodes)
-    means, var = _lna(mu0, np.zeros(mu0.size), ck, tab.fine_drift, tab.fine_dprime,
-                      tab.fine_dsecond, tab.fine_var, tab.dth, closure,
-                      flow_block(tab, ck))
+    means, var, blow = _lna(mu0, np.zeros(mu0.size), ck, tab.fine_drift, tab.fine_dprime,
+                            tab.fine_dsecond, tab.fine_var, tab.dth, closure,
+                            flow_block(tab, ck))
     means, sds = up * means, up * np.sqrt(var)
     mean = means.mean(axis=0)
     sd = np.sqrt((sds**2).mean(axis=0) + means.var(axis=0))
     lower = _mixture_quantile(means, sds, quantiles[0])
     upper = _mixture_quantile(means, sds, quantiles[1])
-    return TheoryBand(ck, mean, sd, lower, upper, tuple(quantiles), method)
+    hit = blow[blow >= 0]
+    return TheoryBand(ck, mean, sd, lower, upper, tuple(quantiles), method,
+                      int(hit.min()) if hit.size else -1)

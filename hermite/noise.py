@@ -22,10 +22,10 @@ orthonormal pair (û, f), f = (e − μû)/√(1 − μ²), and put s = ⟨û, x
     a = μ s + √(1 − μ²) t,    ‖Px‖² = t² + ‖r‖²,    ⟨e, Px⟩ = √(1 − μ²) t,
 
 with r the part of Πx orthogonal to span(e, û): ‖r‖² ~ χ²_n, n = d − k − 2. In the notation
-of DESIGN.md (a, b with s = μa + √(1−μ²)b) this is a² + b² − s² = t²: the (k+2)-dimensional
-Gaussian (z, s, t) is standard, the student (f̂, ψ) depends on (z, s) only and the teacher
-y = Σ_i λ_i σ(((Lz)_i + ξ c_i ⟨u, x⟩)/N_i), ⟨u, x⟩ = ⟨u_w, z⟩ + u_perp a, on (z, a). One step
-of eq. 4 is therefore exactly
+of docs/theory/exact-reductions.md (a, b with s = μa + √(1−μ²)b) this is a² + b² − s² = t²:
+the (k+2)-dimensional Gaussian (z, s, t) is standard, the student (f̂, ψ) depends on (z, s)
+only and the teacher y = Σ_i λ_i σ(((Lz)_i + ξ c_i ⟨u, x⟩)/N_i), ⟨u, x⟩ = ⟨u_w, z⟩ + u_perp a,
+on (z, a). One step of eq. 4 is therefore exactly
 
     μ′ = (μ − η g √(1 − μ²) t) / √(1 + η² g² (t² + ‖r‖²)).                       (★)
 

@@ -17,6 +17,21 @@ the same).
 ``method="exact"`` iterates with the exact h instead (numpy, for small problems and tests).
 Outside [−u⊥, u⊥] (a step that overshoots, possible when 2ηu⊥ max|h| > 1) h is evaluated at
 the clipped overlap; the map itself is not clipped.
+
+Blow-up. An overlap is a cosine, |m| ≤ u⊥; a small overshoot is the map's own (above), but an
+iterate with |m| > ``BLOWUP``·u⊥ = 2u⊥ (or a non-finite one) approximates nothing: from there
+the pull −η h(±u⊥)(m² − u⊥²) is quadratic in m and, for the step sizes that get there, sends
+the map to ±∞ within a few steps (η = 10³ on ReLU: −4·10¹⁸⁹, then −inf). The iteration of
+such a run stops: it reads NaN from that step on, and ``return_blowup=True`` returns the step
+(−1 for runs that never blew up) beside the curve. Euler's map of dm/dt = g(m),
+g = h(m)(u⊥² − m²), is stable at its attracting fixed point iff η|g′(m*)| < 2 and monotone
+iff η max|g′| ≤ 1 (:func:`hermite.stability.ode_step_limit`).
+
+Fixed points. The map is autonomous, so once an iterate is a fixed point *in floating point*
+(m̄ + η h(m̄)(u⊥² − m̄²) == m̄, or the RK4 block returns its input) every later iterate equals
+it: when all runs of a block are there the remaining steps up to the next checkpoint are
+skipped. This is exact (the same numbers as iterating), and makes horizons of 10¹¹ steps cost
+what reaching the fixed point costs. ``progress=True`` shows a progress bar (tqdm, on stderr).
 """
 
 from __future__ import annotations
@@ -30,11 +45,14 @@ import scipy.integrate
 from .gradient import h as h_exact
 from .table import HTable, table_eval
 
-__all__ = ["population_ode", "ode_continuous", "steps_to_reach", "check_steps", "drift_sign"]
+__all__ = ["population_ode", "ode_continuous", "steps_to_reach", "check_steps", "drift_sign",
+           "BLOWUP", "blowup_index"]
 
 _BLOCK = 8
 MAP_STEPS_MAX = 20_000_000  # longer horizons integrate the flow in blocks (see module doc)
 FLOW_RATE = 0.02  # K·(max rate) per RK4 block: local error ~ FLOW_RATE⁵
+BLOWUP = 2.0  # |m| > BLOWUP·u⊥ (or non-finite) is a blow-up (module doc)
+PIECE_STEPS = 2_000_000  # steps per kernel call when a progress bar is shown
 
 
 def _check_eta(eta) -> float:
@@ -81,10 +99,13 @@ def _rate(tab, n, uperp, eta, x):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, parallel=True)
-def _iterate_table(m0, eta, uperp, tab, n, ckpts, K):  # pragma: no cover - compiled
+def _iterate_table(m0, eta, uperp, tab, n, ckpts, K, bound):  # pragma: no cover - compiled
+    """(m at ckpts (R, C), blow-up step (R,) or −1); see the module doc (blocks, fixed points,
+    blow-up at |m| > bound)."""
     r_total = m0.size
     c_total = ckpts.size
     out = np.empty((r_total, c_total))
+    blow = np.full(r_total, -1, dtype=np.int64)
     u2 = uperp * uperp
     h = float(K)
     nblk = (r_total + _BLOCK - 1) // _BLOCK
@@ -99,22 +120,45 @@ def _iterate_table(m0, eta, uperp, tab, n, ckpts, K):  # pragma: no cover - comp
         for c in range(c_total):
             target = ckpts[c]
             while K > 1 and t + K <= target:  # one RK4 step of the flow per K steps
+                moving = False
                 for r in range(nb):
                     x = m[r]
+                    if x != x:  # blown up earlier
+                        continue
                     k1 = _rate(tab, n, uperp, eta, x)
                     k2 = _rate(tab, n, uperp, eta, x + 0.5 * h * k1)
                     k3 = _rate(tab, n, uperp, eta, x + 0.5 * h * k2)
                     k4 = _rate(tab, n, uperp, eta, x + h * k3)
-                    m[r] = x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0
-                t += K
+                    new = x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0
+                    if not abs(new) <= bound:
+                        new = np.nan
+                        blow[r0 + r] = t + K
+                    elif new != x:
+                        moving = True
+                    m[r] = new
+                if moving:
+                    t += K
+                else:  # every run is at a fixed point of the block map (or blown up)
+                    t += K * ((target - t) // K)
             while t < target:
+                moving = False
                 for r in range(nb):
                     x = m[r]
-                    m[r] = x + eta * table_eval(tab, n, uperp, x) * (u2 - x * x)
+                    if x != x:
+                        continue
+                    new = x + eta * table_eval(tab, n, uperp, x) * (u2 - x * x)
+                    if not abs(new) <= bound:
+                        new = np.nan
+                        blow[r0 + r] = t + 1
+                    elif new != x:
+                        moving = True
+                    m[r] = new
                 t += 1
+                if not moving:  # fixed point of the map in floating point: exact skip
+                    t = target
             for r in range(nb):
                 out[r0 + r, c] = m[r]
-    return out
+    return out, blow
 
 
 def _flow_block(tab, eta, uperp, ckpts) -> int:
@@ -128,7 +172,8 @@ def _flow_block(tab, eta, uperp, ckpts) -> int:
 
 
 def population_ode(instance, eta, m0, steps, c_hat=None, method: str = "table",
-                   table: HTable | None = None) -> np.ndarray:
+                   table: HTable | None = None, *, progress: bool = False,
+                   return_blowup: bool = False):
     """Iterate m̄_{t+1} = m̄_t + η h(m̄_t)(u⊥² − m̄_t²) from each m₀, record at ``steps``.
 
     Parameters
@@ -141,30 +186,87 @@ def population_ode(instance, eta, m0, steps, c_hat=None, method: str = "table",
     method : ``"table"`` (numba on an interpolated h, error ≤ 1e-10·max|h|) or ``"exact"``.
     table : a prebuilt :class:`HTable` for this instance and ĉ (``"table"`` only; default
         :meth:`HTable.for_instance`, cached by the instance's values).
+    progress : show a progress bar over the steps (the horizon is cut into pieces; the same
+        numbers).
+    return_blowup : also return the (R,) step at which each run blew up (−1: never).
 
     Returns
     -------
-    (R, C) float64 array of m̄ at the checkpoints.
+    (R, C) float64 array of m̄ at the checkpoints, NaN from a run's blow-up on (module doc);
+    with ``return_blowup``, (that array, the blow-up steps).
     """
     eta = _check_eta(eta)
     m0 = _check_m0(instance, m0)
     ckpts = check_steps(steps)
     uperp = instance.u_perp
+    bound = BLOWUP * uperp
     if method == "table":
         tab = table if table is not None else HTable.for_instance(instance, c_hat)
-        return _iterate_table(m0, eta, uperp, tab.table, tab.n, ckpts,
-                              _flow_block(tab, eta, uperp, ckpts))
+        K = _flow_block(tab, eta, uperp, ckpts)
+        if progress:
+            out, blow = _pieces(m0, eta, uperp, tab, ckpts, K, bound)
+        else:
+            out, blow = _iterate_table(m0, eta, uperp, tab.table, tab.n, ckpts, K, bound)
+        return (out, blow) if return_blowup else out
     if method != "exact":
         raise ValueError(f"method must be 'table' or 'exact', got {method!r}")
     out = np.empty((m0.size, ckpts.size))
+    blow = np.full(m0.size, -1, dtype=np.int64)
     m, t = m0.copy(), 0
     u2 = uperp * uperp
     for c, target in enumerate(ckpts):
         while t < target:
-            m = m + eta * h_exact(instance, np.clip(m, -uperp, uperp), c_hat=c_hat) * (u2 - m * m)
-            t += 1
+            live = np.isfinite(m)
+            new = m.copy()
+            x = m[live]
+            new[live] = x + eta * h_exact(instance, np.clip(x, -uperp, uperp),
+                                          c_hat=c_hat) * (u2 - x * x)
+            bad = live & ~(np.abs(new) <= bound)
+            new[bad], blow[bad] = np.nan, t + 1
+            moving = np.any(live & ~bad & (new != m))
+            m, t = new, t + 1
+            if not moving:
+                t = int(target)
         out[:, c] = m
-    return out
+    return (out, blow) if return_blowup else out
+
+
+def _pieces(m0, eta, uperp, tab, ckpts, K, bound):
+    """:func:`_iterate_table` cut into pieces of about ``PIECE_STEPS`` steps (multiples of K
+    from each checkpoint, so the RK4 blocks fall where they would in one call), with a tqdm
+    bar over the steps."""
+    from tqdm import tqdm
+
+    piece = K * max(1, PIECE_STEPS // K)
+    out = np.empty((m0.size, ckpts.size))
+    blow = np.full(m0.size, -1, dtype=np.int64)
+    m, t = m0.copy(), 0
+    with tqdm(total=int(ckpts[-1]), unit="step", unit_scale=True, desc="population ODE",
+              leave=False) as bar:
+        for c, target in enumerate(ckpts):
+            while t < target:
+                nxt = min(int(target), t + piece)
+                rec, b = _iterate_table(m, eta, uperp, tab.table, tab.n,
+                                        np.array([nxt - t], dtype=np.int64), K, bound)
+                new = (b >= 0) & (blow < 0)
+                blow[new] = b[new] + t
+                m = rec[:, 0].copy()
+                bar.update(nxt - t)
+                t = nxt
+            out[:, c] = m
+    return out, blow
+
+
+def blowup_index(curve) -> np.ndarray:
+    """Per row of an (R, C) curve, the first column that is NaN after a finite value (a
+    blow-up of :func:`population_ode` and the corrected maps), −1 where there is none."""
+    curve = np.asarray(curve, dtype=float)
+    if curve.ndim != 2 or curve.shape[1] == 0:
+        return np.full(curve.shape[:1], -1, dtype=np.int64)
+    finite = np.isfinite(curve)
+    seen = np.maximum.accumulate(finite, axis=1)
+    after = seen & ~finite
+    return np.where(after.any(1), after.argmax(1), -1).astype(np.int64)
 
 
 def ode_continuous(instance, eta, m0, steps, c_hat=None, rtol: float = 1e-10,
@@ -211,7 +313,10 @@ def steps_to_reach(instance, eta, m0, level, c_hat=None, method: str = "continuo
 
     method : ``"continuous"`` — T = ∫ dm / (η h(m)(u⊥² − m²)) by adaptive quadrature with the
         exact h (a float); ``"discrete"`` — the first t with s·m̄_t ≥ level under the map
-        (an integer-valued float, ``inf`` beyond ``max_steps``).
+        (an integer-valued float, ``inf`` beyond ``max_steps``, at a fixed point short of the
+        level or after a blow-up); when ``max_steps`` exceeds ``MAP_STEPS_MAX`` the flow is
+        followed in RK4 blocks up to the block that reaches the level (within O(η) of the
+        map, as in :func:`population_ode`).
     """
     eta = _check_eta(eta)
     m0 = float(_check_m0(instance, m0)[0])
@@ -241,15 +346,49 @@ def steps_to_reach(instance, eta, m0, level, c_hat=None, method: str = "continuo
     if method != "discrete":
         raise ValueError(f"method must be 'continuous' or 'discrete', got {method!r}")
     tab = table if table is not None else HTable.for_instance(instance, c_hat)
-    t = _first_crossing(m0, eta, instance.u_perp, tab.table, tab.n, target, s, int(max_steps))
+    uperp = instance.u_perp
+    K = _flow_block(tab, eta, uperp, np.array([int(max_steps)]))
+    t = _first_crossing(m0, eta, uperp, tab.table, tab.n, target, s, int(max_steps), K,
+                        BLOWUP * uperp)
     return math.inf if t < 0 else float(t)
 
 
 @numba.njit(cache=True)
-def _first_crossing(m, eta, uperp, tab, n, target, s, max_steps):  # pragma: no cover
+def _first_crossing(m, eta, uperp, tab, n, target, s, max_steps, K, bound):  # pragma: no cover
+    """First t ≤ max_steps with s·m̄_t ≥ s·target, −1 if none. Up to ``MAP_STEPS_MAX`` steps
+    (K = 1) the map step by step; beyond, RK4 blocks of K steps of its flow while they stay
+    short of the target, then the map from the block that reaches it (as population_ode).
+    A fixed point in floating point (the step returns its input) or a blow-up (|m| > bound)
+    ends the search: the map never gets there."""
     u2 = uperp * uperp
-    for t in range(max_steps + 1):
+    hk = float(K)
+    t = 0
+    while t <= max_steps:
         if s * m >= s * target:
             return t
-        m = m + eta * table_eval(tab, n, uperp, m) * (u2 - m * m)
+        if K > 1 and t + K <= max_steps:
+            k1 = _rate(tab, n, uperp, eta, m)
+            k2 = _rate(tab, n, uperp, eta, m + 0.5 * hk * k1)
+            k3 = _rate(tab, n, uperp, eta, m + 0.5 * hk * k2)
+            k4 = _rate(tab, n, uperp, eta, m + hk * k3)
+            new = m + hk * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0
+            if not abs(new) <= bound:
+                return -1
+            if s * new < s * target:
+                if new == m:
+                    return -1
+                m = new
+                t += K
+                continue
+            for _ in range(K):  # the flow gets there within this block: the map from here
+                m = m + eta * table_eval(tab, n, uperp, m) * (u2 - m * m)
+                t += 1
+                if s * m >= s * target:
+                    return t
+            continue
+        new = m + eta * table_eval(tab, n, uperp, m) * (u2 - m * m)
+        if not abs(new) <= bound or new == m:
+            return -1
+        m = new
+        t += 1
     return -1

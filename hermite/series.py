@@ -139,14 +139,14 @@ def h_direct(instance, m, pmax: int = 60, c_hat=None) -> np.ndarray:
 class HSeries:
     """Prop. 4 power series h(m) ≈ Σ_{l<pmax} a_l m^l, truncated at Hermite degree pmax.
 
+    Calling the object evaluates the series at an array of m (numba Horner);
+    :meth:`derivative` gives h′(m) of the truncated series.
+
     Attributes
     ----------
     coefficients : (pmax,) array a_0 … a_{pmax−1} (empty for pmax = 0).
     truncation_bound : bound on |h − series| over m ∈ [−1, 1] (module docstring).
     pmax : truncation degree.
-
-    Calling the object evaluates the series at an array of m (numba Horner);
-    :meth:`derivative` gives h′(m) of the truncated series.
     """
 
     def __init__(self, instance, pmax: int = 60, c_hat=None):

@@ -58,6 +58,7 @@ def test_run_records_corrected_ode_and_band(tmp_path):
     assert "ode_corrected" in json.loads(res.output)
     # not recorded where it does not apply (joint ĉ)
     res = CliRunner().invoke(cli, ["run", _spec(tmp_path), "--eta", "1e-3", "--steps", "100",
-                                   "--runs", "2", "--joint-c", "--out", str(out)])
+                                   "--runs", "2", "--joint-c", "--out", str(out),
+                                   "--force"])  # replacing an existing file needs --force
     assert res.exit_code == 0, res.output
     assert read_trajectory(out)[0].ode_corrected is None

@@ -46,7 +46,8 @@ def test_run_json(runner):
     res = _run(runner, "run", "spec.toml", *FAST, "--joint-c", "--out", "a.h5", "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
-    assert set(data) == {"steps", "overlap_mean", "overlap_std", "ode"}
+    assert set(data) == {"steps", "overlap_mean", "overlap_std", "ode", "loss_kind",
+                         "loss_mean", "loss_std", "quantities"}
     assert data["steps"][0] == 0 and data["steps"][-1] == 300
     assert all(v is None for v in data["ode"])  # joint ĉ: no exact ODE → null
     assert len(data["overlap_mean"]) == len(data["steps"])

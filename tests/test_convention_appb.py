@@ -15,7 +15,8 @@ from dynamics.config import ConfigError, RunConfig
 from dynamics.engine import simulate
 from dynamics.instance import SpecError, build_instance
 from dynamics.learners import Finetune, Problem
-from dynamics.observables import monte_carlo_loss, reduced_coordinates
+from dynamics.losses import monte_carlo_loss
+from dynamics.observables import reduced_coordinates
 
 K, D, R, B = 5, 13, 3, 2
 F64 = torch.float64

@@ -175,7 +175,8 @@ def test_loss_kinds_and_theory_availability():
 
 
 def test_monte_carlo_loss_agrees_with_exact_loss_when_both_apply():
-    from dynamics.observables import exact_loss, monte_carlo_loss, reduced_coordinates
+    from dynamics.losses import exact_loss, monte_carlo_loss
+    from dynamics.observables import reduced_coordinates
 
     run = FullRun(_config(runs=3))
     coords = reduced_coordinates(run.state.u_hat, 3)[:, None, :]

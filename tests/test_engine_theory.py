@@ -67,8 +67,9 @@ def test_one_step_drift_of_m(activation, m, u_alpha):
 
 # The ODE test below: d = 4000, 64 runs, η = c/d, c = 0.05. Its tolerance is set by the O(c)
 # renormalisation drift ρ(m) = c m E[g²] / (2 h(m)(u⊥² − m²)) that the population ODE leaves out
-# (DESIGN.md, "Choosing η"): the SGD mean lags the ODE by ≈ ρ·m, here ≲ 0.02; the statistical
-# error of the mean of 64 runs is ≲ 0.003. Well-specified ĉ = c, so there is no noise floor.
+# (docs/conventions.md, "Choosing η"): the SGD mean lags the ODE by ≈ ρ·m, here ≲ 0.02; the
+# statistical error of the mean of 64 runs is ≲ 0.003. Well-specified ĉ = c, so there is no
+# noise floor.
 ODE_SPEC = {"activation": "erf", "k": 8, "d": 4000, "xi": 2.0, "seed": 1, "c_hat": "teacher"}
 ODE_C = 0.05
 ODE_TOL = 0.035  # max |mean overlap − mean ODE| over the whole curve
@@ -93,7 +94,7 @@ def test_mean_overlap_follows_population_ode():
 
 @pytest.mark.parametrize("activation", ["relu", "tanh", "he3"])
 def test_batched_loss_with_c_hat_matches_hermite(activation):
-    from dynamics.observables import loss_with_c_hat
+    from dynamics.losses import loss_with_c_hat
 
     inst = build_instance({"activation": activation, "k": 4, "d": 30, "xi": 1.3, "seed": 2,
                            "W": "separated", "u_alpha": 0.3})

@@ -1,7 +1,10 @@
-"""Layering: the theory (``hermite``) stands alone, without torch and without the engine."""
+"""Layering: the theory (``hermite``) stands alone, without torch and without the engine;
+the import graph of hermite/, dynamics/ and sims/ has no cycle and respects the layers."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 
 def _fresh(code: str) -> subprocess.CompletedProcess:
@@ -35,3 +38,107 @@ def test_torch_side_matches_numpy_side():
             out = f_t(xt)
             assert isinstance(out, torch.Tensor) and out.dtype == torch.float64
             np.testing.assert_allclose(out.numpy(), f_np(x), rtol=1e-14, atol=1e-14)
+
+
+# ---------------------------------------------------------------- module import graph
+_ROOT = Path(__file__).resolve().parents[1]
+_PACKAGES = ("hermite", "dynamics", "sims")
+
+
+def _modules() -> dict:
+    """Dotted module name → source path, for every module of the three packages."""
+    out = {}
+    for pkg in _PACKAGES:
+        for path in sorted((_ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(_ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _import_graph() -> dict:
+    """Module → the project modules it imports, from every ``import``/``from`` statement of
+    its source (top level and inside functions; relative ones resolved). Importing ``a.b.c``
+    also runs the packages ``a`` and ``a.b``, so those count too, except the importer's own
+    enclosing packages (already being imported when it runs)."""
+    mods = _modules()
+
+    def known(name):  # the longest prefix of ``name`` that is a project module
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(known(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module
+                for a in node.names:  # ``from pkg import submodule`` imports the submodule
+                    sub = f"{source}.{a.name}"
+                    targets.add(sub if sub in mods else known(source))
+        own = {mod.rsplit(".", i)[0] for i in range(mod.count(".") + 1)}
+        for t in [t for t in targets if t]:
+            parts = t.split(".")
+            targets.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+                           if p in mods and p not in own)
+        graph[mod] = sorted(t for t in targets if t and t != mod)
+    return graph
+
+
+def _cycles(graph: dict) -> list:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_import_graph_has_no_cycle():
+    graph = _import_graph()
+    assert "dynamics.trajectory" in graph and "sims.cli" in graph  # the walk found the source
+    cycles = _cycles(graph)
+    detail = "\n".join(
+        " ↔ ".join(c) + "\n" + "\n".join(f"    {m} → {[t for t in graph[m] if t in c]}"
+                                         for m in c)
+        for c in cycles)
+    assert not cycles, f"import cycles between modules:\n{detail}"
+
+
+def test_import_graph_layers():
+    """hermite imports nothing from dynamics or sims; dynamics nothing from sims."""
+    forbidden = {"hermite": ("dynamics", "sims"), "dynamics": ("sims",), "sims": ()}
+    bad = [f"{mod} → {t}" for mod, targets in _import_graph().items() for t in targets
+           if t.split(".")[0] in forbidden[mod.split(".")[0]]]
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)

@@ -245,7 +245,7 @@ def test_chain_step_formula_is_the_full_step(batch):
     np.testing.assert_allclose(uh[:, 1], pm / n, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(np.sqrt(1 - uh[:, 1] ** 2), np.sqrt(pe**2 + eta**2 * rho2) / n,
                                rtol=1e-10)
-    if batch == 1:  # the closed form of DESIGN.md with ‖r‖² in place of a χ² draw
+    if batch == 1:  # closed form (G4), docs/theory/exact-reductions.md; ‖r‖² for the χ² draw
         q = (rest[:, 0] ** 2).sum(-1)
         gg, ss, aa = g[:, 0], s[:, 0], a[:, 0]
         m1 = ((1 + eta * gg * ss) * m - eta * gg * aa) / np.sqrt(

@@ -103,7 +103,8 @@ def test_sample_gradients_match_autograd(activation, learner, batch):
 def test_step_is_the_spherical_sgd_step(learner, batch):
     """step_ == retr(ŵ, −η mean tangent) row by row; λ̂ − η_c mean ∂L/∂λ̂ when trained."""
     train = learner == "scratch"
-    cfg = _config(learner, _spec("he3"), batch=batch, train_second_layer=train, eta_c=0.03)
+    second = {"eta_c": 0.03} if train else {}  # η_c is scratch's option only
+    cfg = _config(learner, _spec("he3"), batch=batch, train_second_layer=train, **second)
     _, lrn, state, _ = _learner_state(cfg)
     gen = np.random.default_rng(2)
     _perturb(state, gen)
@@ -209,7 +210,9 @@ def test_scratch_reaches_near_zero_loss_with_trained_second_layer():
 
 @pytest.mark.parametrize("learner", LEARNERS)
 def test_batch_of_runs_equals_single_runs(learner):
-    opts = dict(steps=300, batch=2, label_noise=0.1, sparse_select="random")
+    opts = dict(steps=300, batch=2, label_noise=0.1)
+    if learner == "sparse":  # its option only
+        opts["sparse_select"] = "random"
     batch = simulate(_config(learner, runs=3, **opts))
     single = simulate(_config(learner, runs=1, **opts))
     np.testing.assert_allclose(batch.loss[:1], single.loss, rtol=1e-12)

@@ -237,7 +237,6 @@ def test_full_engine_records_refit_from_its_coordinates():
 
 
 def test_refit_needs_a_finetune_learner():
-    cfg = RunConfig(instance={"activation": "relu", "k": 3, "d": 20}, learner="moment",
-                    refit=True)
-    with pytest.raises(ConfigError, match="refit"):
-        cfg.validate()
+    with pytest.raises(ConfigError, match="refit"):  # a foreign option: fails on construction
+        RunConfig(instance={"activation": "relu", "k": 3, "d": 20}, learner="moment",
+                  refit=True).validate()

@@ -12,7 +12,7 @@ leading run axis (:class:`TensorState`); the engine drives it chunk by chunk:
    restores them to the chunk's start (``TensorState.restore_``) and ``freeze_``s them;
 5. ``observe(state)`` at every checkpoint: name → numpy array (R, ...);
 6. ``trajectory(result)``: the :class:`~dynamics.trajectory.Trajectory` from the stacked
-   records (:class:`RunResult`).
+   records (:class:`~dynamics.trajectory.RunResult`), via ``make_trajectory``.
 
 ``initial_state(config, instances)`` returns (state, m₀) where m₀ (R,) is the initial overlap
 (NaN where the learner has none). ``sample_gradients`` gives per-example gradients for the
@@ -23,8 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import numpy as np
 import torch
+
+from ..trajectory import RunResult, make_trajectory, mask_dead
+from .options import Options
 
 __all__ = ["TensorState", "Learner", "RunResult", "mask_dead", "make_trajectory"]
 
@@ -53,70 +55,18 @@ def _copy(v):
     return v.clone() if isinstance(v, torch.Tensor) else v
 
 
-@dataclass
-class RunResult:
-    """What the engine hands to ``Learner.trajectory`` after the last step."""
-
-    config: object
-    instances: list
-    steps: np.ndarray  # (C,) checkpoint steps
-    records: dict  # name → (R, C, ...) stacked observations
-    diverged_step: np.ndarray  # (R,) int64, −1 if never
-    m0: np.ndarray  # (R,)
-    device: object
-    engine: str = "full"
-
-    @property
-    def dead(self) -> np.ndarray:
-        """(R, C) True from the checkpoint a run diverged at on."""
-        ds = self.diverged_step
-        return (ds[:, None] >= 0) & (self.steps[None, :] >= ds[:, None])
-
-
-def mask_dead(result: RunResult, array: np.ndarray) -> np.ndarray:
-    """``array`` (R, C, ...) with NaN at a run's checkpoints from its divergence on."""
-    dead = result.dead.reshape(result.dead.shape + (1,) * (array.ndim - 2))
-    return np.where(dead, np.nan, array)
-
-
-def make_trajectory(result: RunResult, overlap: np.ndarray, loss: np.ndarray, *,
-                    loss_kind: str, ode: np.ndarray | None = None,
-                    c_overlap: np.ndarray | None = None, extra: dict | None = None):
-    """A :class:`~dynamics.trajectory.Trajectory` from a learner's (R, C) curves.
-
-    Divergence masking is applied here to every curve and extra array (run axis first,
-    checkpoint axis second where it has one); ``ode`` defaults to NaN (no theory).
-    """
-    from ..trajectory import Trajectory
-
-    runs, cps = result.diverged_step.shape[0], result.steps.shape[0]
-
-    def masked(a):
-        a = np.asarray(a, dtype=float)
-        return mask_dead(result, a) if a.ndim >= 2 and a.shape[1] == cps else a
-
-    inst = result.instances
-    return Trajectory(
-        steps=result.steps, overlap=masked(overlap), loss=masked(loss),
-        ode=masked(ode) if ode is not None else np.full((runs, cps), np.nan),
-        diverged_step=result.diverged_step, xi=np.array([i.xi for i in inst]),
-        instance_seed=np.array([i.seed for i in inst], dtype=np.int64),
-        c_overlap=None if c_overlap is None else masked(c_overlap), loss_kind=loss_kind,
-        dtype=result.config.dtype, device=str(result.device), engine=result.engine,
-        extra={n: masked(a) for n, a in (extra or {}).items()}, m0=result.m0,
-    )
-
-
 class Learner:
     """Shared defaults of the learners (see the module docstring for the protocol).
 
-    Subclasses set ``name``, keep per-run step sizes in :attr:`step_sizes` (the engine zeroes a
+    Subclasses set ``name`` and ``Options`` (their options dataclass, :mod:`.options`;
+    default: none), keep per-run step sizes in :attr:`step_sizes` (the engine zeroes a
     diverged run's entries, which freezes it without branching in the hot loop) and
     implement ``from_config``, ``initial_state``, ``prepare``, ``step_prepared_``,
     ``observe``, ``trajectory`` and ``sample_gradients``.
     """
 
     name = "?"
+    Options = Options
     noise_sd = 0.0  # standard deviation of the label noise the learner adds
     sqnorm_columns = None  # (lo, hi): columns whose squared norm per example a step needs
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..observables import initial_drift_sign
 from ..sampling import uniform_perp_directions
+from ..theory_overlay import initial_drift_sign
 
 __all__ = ["initial_directions", "overlap_np"]
 

@@ -8,8 +8,8 @@ L = (f*(x) − f̂(x))² (no 1/2). With s = ⟨û, x⟩, aⱼ = (zⱼ + ξĉⱼ 
     ∂L/∂ĉⱼ = δⱼ (ξ s − aⱼ (ξ⟨wⱼ,û⟩ + ξ²ĉⱼ)/N̂ⱼ)/N̂ⱼ.
 
 Projected (eq. 4, û ⊥ span W): (I − ûûᵀ)Π∇L = g (Πx − s û), so one step is
-û' = ((1 + ηgs) û − ηg Πx)/n with n² = 1 + η²g²(‖Πx‖² − s²) (DESIGN.md, exact
-reductions). Unprojected: the same with G = g x − Wᵀγ in place of gΠx. Mini-batches average
+û' = ((1 + ηgs) û − ηg Πx)/n with n² = 1 + η²g²(‖Πx‖² − s²) (docs/model.md,
+"The step"). Unprojected: the same with G = g x − Wᵀγ in place of gΠx. Mini-batches average
 the b sample gradients. ĉ follows plain SGD with its own step size η_c. In the App. B
 conventions (``Instance.convention``) 1/N̂ⱼ is the fixed row factor s and λ carries 1/ξ, so
 the normalisation terms (γ, and the second part of ∂L/∂ĉⱼ) vanish.
@@ -29,12 +29,15 @@ import numpy as np
 import torch
 
 from .. import sphere
-from ..observables import LOSS_EXACT, assemble_trajectory, loss_kind, reduced_coordinates
+from ..assembly import rank_one_trajectory
+from ..losses import LOSS_EXACT, loss_kind
+from ..observables import reduced_coordinates
 from .base import Learner, RunResult, TensorState
 from .directions import initial_directions
+from .options import LowRankOptions, option
 from .problem import Problem, per_run, rowmat
 
-__all__ = ["FinetuneState", "Finetune", "ExampleTerms", "Prepared"]
+__all__ = ["FinetuneState", "Finetune", "FinetuneOptions", "ExampleTerms", "Prepared"]
 
 
 OVERLAP_TOL = 1e3  # |m| > 1 + OVERLAP_TOL·eps(dtype) counts as diverged
@@ -94,6 +97,16 @@ class ExampleTerms:
         return self.resid * self.resid
 
 
+@dataclass(frozen=True)
+class FinetuneOptions(LowRankOptions):
+    """Options of ``finetune``: the low-rank ones and the second-layer refit (App. F.2)."""
+
+    refit: bool = option(False, "Refit the second layer on the 2k features σ(⟨wᵢ ± ξ/√k û, "
+                                "x⟩/norm) at every checkpoint (App. F.2).")
+    refit_samples: int = option(20_000, "Examples of the least-squares refit.",
+                                check="positive")
+
+
 class Finetune(Learner):
     """Learner ``finetune`` for R runs at once (see module docstring for the formulas).
 
@@ -104,6 +117,7 @@ class Finetune(Learner):
     """
 
     name = "finetune"
+    Options = FinetuneOptions
 
     def __init__(self, problem: Problem, *, eta: float, eta_c: float, project: bool = True,
                  joint_c: bool = False, batch: int = 1, label_noise: float = 0.0,
@@ -316,9 +330,4 @@ class Finetune(Learner):
 
     def trajectory(self, result: RunResult):
         """Loss (exact or Monte Carlo), theory curves and, with ``refit``, the refit loss."""
-        rec = result.records
-        return assemble_trajectory(result.config, result.instances, result.steps,
-                                   rec["overlap"], rec.get("c_hat"), rec.get("coords"),
-                                   result.diverged_step, result.m0,
-                                   dtype=result.config.dtype, device=result.device,
-                                   engine=result.engine)
+        return rank_one_trajectory(result)

@@ -31,13 +31,14 @@ import hermite
 from hermite.table import table_eval
 
 from .. import sphere
-from ..observables import LOSS_EXACT
+from ..losses import LOSS_EXACT
 from ..sampling import uniform_perp_directions
 from .base import Learner, RunResult, TensorState, make_trajectory
 from .directions import overlap_np
+from .options import Options, init_option
 from .problem import Problem
 
-__all__ = ["GLMState", "GLMPrepared", "GLM", "glm_ode", "glm_loss", "glm_drift",
+__all__ = ["GLMState", "GLMPrepared", "GLM", "GLMOptions", "glm_ode", "glm_loss", "glm_drift",
            "ODE_DISCRETE_BUDGET"]
 
 OVERLAP_TOL = 1e3  # |m| > 1 + OVERLAP_TOL·eps(dtype) counts as diverged
@@ -60,15 +61,23 @@ class GLMPrepared:
     sqnorm: torch.Tensor | None  # (R, n, b) ‖x‖² (b = 1 only)
 
 
+@dataclass(frozen=True)
+class GLMOptions(Options):
+    """Options of ``glm``: only the start (û lives on the full sphere; no ĉ, no W)."""
+
+    init: str = init_option()
+
+
 class GLM(Learner):
     """Learner ``glm`` for R runs at once (formulas in the module docstring).
 
     ``eta_r`` is the per-run step size (zeroed by the engine to freeze a diverged run).
-    Config fields about W, ĉ and projection do not apply: ``joint_c`` and ``rank`` ≠ 1 are
-    refused, ``project`` is ignored (û always lives on the full sphere).
+    Its one option is ``init``: the options about W, ĉ and projection are not its own
+    (û always lives on the full sphere).
     """
 
     name = "glm"
+    Options = GLMOptions
 
     def __init__(self, problem: Problem, *, eta: float, batch: int = 1,
                  label_noise: float = 0.0):
@@ -76,16 +85,6 @@ class GLM(Learner):
         self.noise_sd = math.sqrt(label_noise)
         self.eta_r = eta * torch.ones_like(problem.xi)
         self._tmp = None
-
-    @classmethod
-    def check(cls, config, instance) -> None:
-        from ..config import ConfigError
-
-        if config.joint_c:
-            raise ConfigError("joint_c", "the glm learner has no second layer ĉ to train")
-        if config.rank != 1:
-            raise ConfigError("rank", f"the glm learner is a single-index model (rank 1), "
-                                      f"got rank {config.rank}")
 
     @classmethod
     def from_config(cls, config, problem: Problem) -> GLM:

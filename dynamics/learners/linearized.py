@@ -44,22 +44,22 @@ import numpy as np
 import torch
 
 from ..activations import torch_activation
+from ..errors import ConfigError
 from ..network_loss import network_loss
 from ..observables import c_overlap, group_runs
 from ..sampling import run_seed
 from .base import Learner, RunResult, TensorState, make_trajectory
 from .finetune import Finetune, FinetuneState
+from .options import LowRankOptions, option
 from .problem import Problem, per_run, rowmat
 
-__all__ = ["Linearized", "LinearizedFullRank", "FullRankState", "LinearPrepared",
-           "LinearTerms", "reduce_rows", "true_loss", "linear_loss"]
+__all__ = ["Linearized", "LinearizedOptions", "LinearizedFullRank", "FullRankState",
+           "LinearPrepared", "LinearTerms", "reduce_rows", "true_loss", "linear_loss"]
 
 _EVAL_BLOCK = 2**23  # elements of the (checkpoints, examples, k) Monte Carlo block
 
 
 def _config_error(field: str, problem: str):
-    from ..config import ConfigError
-
     return ConfigError(field, problem)
 
 
@@ -120,11 +120,16 @@ def _prepare(problem: Problem, x: torch.Tensor, eps, noise_sd: float):
     return z, y, (act.fn(z) * lam).sum(-1), act.deriv(z) * lam
 
 
+@dataclass(frozen=True)
+class LinearizedOptions(LowRankOptions):
+    """Options of ``linearized``: the low-rank ones (rank 1) or a full-rank Δ."""
+
+    full_rank: bool = option(False, "Train a full-rank Δ ∈ R^{k×d} (the NTK of full "
+                                    "fine-tuning) instead of the rank-1 Δ = ξĉûᵀ.")
+
+
 def _check(config, instance) -> None:
     """ConfigError for the settings the linearized learner does not support."""
-    if config.rank != 1:
-        raise _config_error("rank", f"linearized supports rank 1 (or full_rank), got "
-                                    f"{config.rank}")
     if config.engine == "reduced":
         raise _config_error("engine", "linearized has no reduced engine; use full or auto")
     if config.full_rank:
@@ -146,6 +151,7 @@ class Linearized(Finetune):
     """
 
     name = "linearized"
+    Options = LinearizedOptions
 
     def __init__(self, problem: Problem, *, eta: float, eta_c: float, project: bool = True,
                  joint_c: bool = False, batch: int = 1, label_noise: float = 0.0,
@@ -316,6 +322,24 @@ class LinearizedFullRank(Learner):
         state.delta.addcmul_(grad, eta)
         state.step += 1
         return torch.rsqrt(1.0 + (r * r).mean(1))
+
+    fast = True  # step_chunk_ through the compiled kernel on CPU (tests: False)
+
+    def step_chunk_(self, state: FullRankState, x: torch.Tensor, pre: LinearPrepared,
+                    norms: torch.Tensor) -> None:
+        """Every step of a chunk x (R, n, b, d) in place, health values into norms (n, R):
+        on CPU one call of ``network_kernel.linear_chunk`` (the same update row by row, equal
+        up to rounding), else :meth:`step_prepared_` per step (the reference)."""
+        delta, n = state.delta, x.shape[1]
+        if not (self.fast and delta.device.type == "cpu" and delta.is_contiguous()):
+            for i in range(n):
+                norms[i] = self.step_prepared_(state, x[:, i], pre, i)
+            return
+        from .network_kernel import linear_chunk
+
+        linear_chunk(delta, x, pre.z, pre.y, pre.f0, pre.beta, self.problem.l, self.eta_r,
+                     norms, prox=self.prox, project=self.project)
+        state.step += n
 
     def observe(self, state: FullRankState) -> dict:
         """Δ in a (k, 2k+1) orthonormal basis of span W ⊕ e ⊕ rows(Δ) (:func:`reduce_rows`),

@@ -12,7 +12,7 @@ are, in closed form (∂N̂ⱼ/∂Û = ξ(wⱼ + ξÛĉⱼ)ĉⱼᵀ/N̂ⱼ, ∂N
 The last term of ∇_Û L is Û·(symmetric): the tangent projection removes it. Step (Riemannian
 SGD, embedded metric; b examples averaged): G = mean ∇_Û L, with Π (onto span(W)^⊥) applied
 when ``project`` (then Wᵀ… vanishes and G = Πx gᵀ), ξ = G − Û sym(ÛᵀG), Û' = retr(Û, −ηξ)
-with the polar (default) or QR retraction (``config.extra["retraction"]``,
+with the polar (default) or QR retraction (option ``retraction``,
 :mod:`dynamics.stiefel`); Ĉ' = Ĉ − η_c mean ∂L/∂Ĉ (+ the proximal term 2·prox·ξ²Ĉ).
 
 Projected, b = 1 (the hot path): Y = Û(I + ηS) − η Πx gᵀ with S = sym(s gᵀ), and
@@ -39,18 +39,19 @@ import numpy as np
 import torch
 
 import hermite
+from hermite.activations_numba import act_code
 
 from .. import stiefel
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..lora_instance import lora_options, run_lora_instances
 from ..observables import group_runs
 from ..sampling import run_seed, uniform_perp_directions
 from .base import Learner, RunResult, TensorState, make_trajectory
+from .options import LowRankOptions, option
 from .problem import Problem, rowmat
 
-__all__ = ["LoRA", "LoRAState", "LoRAPrepared", "LoRATerms", "LEARNER_OPTIONS"]
+__all__ = ["LoRA", "LoRAOptions", "LoRAState", "LoRAPrepared", "LoRATerms"]
 
-LEARNER_OPTIONS = ("retraction",)  # keys of RunConfig.extra read by this learner
 ORTHO_TOL = 1e-8  # max |ÛᵀÛ − I| at a chunk end beyond which a run counts as diverged
 # (float64; at least 1e4·eps of the dtype)
 
@@ -87,10 +88,20 @@ class LoRATerms:
     omega: torch.Tensor | None  # (R, k, r) WÛ (None when projected)
 
 
+@dataclass(frozen=True)
+class LoRAOptions(LowRankOptions):
+    """Options of ``lora``: the low-rank ones, the rank r and the Stiefel retraction."""
+
+    rank: int = option(1, "Rank r of the teacher's perturbation ξCUᵀ and of the student's "
+                          "ξĈÛᵀ (teacher: spec keys C, spectrum, C_hat).", check="positive")
+    retraction: str = option("polar", "Stiefel retraction of Û.", choices=stiefel.RETRACTIONS)
+
+
 class LoRA(Learner):
     """Learner ``lora`` (see the module docstring for the formulas)."""
 
     name = "lora"
+    Options = LoRAOptions
 
     def __init__(self, problem: Problem, instances, *, eta: float, eta_c: float,
                  project: bool = True, joint_c: bool = False, batch: int = 1,
@@ -127,16 +138,33 @@ class LoRA(Learner):
     @classmethod
     def check(cls, config, instance) -> None:
         """Rank-r keys valid for ``instance`` (``lora_instance``) and the engine (``reduced``
-        only where the rank-r chain is exact); the retraction name is checked by the config."""
+        only where the rank-r chain is exact); the retraction name is checked by its options."""
         from ..lora_instance import build_lora_instance
 
         build_lora_instance(instance, config.rank, lora_options(config))
         if config.engine == "reduced":
-            from ..reduced.rank_simulate import rank_supported
-
-            ok, why = rank_supported(config)
+            ok, why = cls.reduced_supported(config)
             if not ok:
                 raise ConfigError("engine", why)
+
+    @classmethod
+    def reduced_supported(cls, config) -> tuple[bool, str]:
+        """(True, "") when the rank-r reduced chain (``dynamics.reduced.rank_chain``) is exact
+        for ``config``, else (False, one-line reason): it needs projected Û, b = 1, U ⊥ span W
+        (u_alpha = 0) and a σ with a compiled version."""
+        why = []
+        if not config.project:
+            why.append("unprojected Û")
+        if config.batch != 1:
+            why.append("mini-batches (b > 1)")
+        if float(config.instance.get("u_alpha", 0.0) or 0.0) != 0.0:
+            why.append("U with a component in span W (u_alpha > 0)")
+        if act_code(str(config.instance.get("activation"))) is None:
+            why.append(f"activation {config.instance.get('activation')!r} (no compiled version)")
+        if why:
+            return False, ("reduced engine: the rank-r chain does not cover " + ", ".join(why)
+                           + "; use --engine full")
+        return True, ""
 
     @classmethod
     def from_config(cls, config, problem: Problem) -> LoRA:

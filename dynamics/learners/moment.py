@@ -31,12 +31,13 @@ import torch
 
 import hermite
 
-from ..config import ConfigError
-from ..observables import LOSS_EXACT, exact_loss
+from ..errors import ConfigError
+from ..losses import LOSS_EXACT, exact_loss
 from .base import Learner, RunResult, TensorState, make_trajectory
+from .options import Options, option
 from .problem import Problem, per_run, rowmat
 
-__all__ = ["MomentState", "Moment", "MomentPrepared", "hermite_mu"]
+__all__ = ["MomentState", "Moment", "MomentOptions", "MomentPrepared", "hermite_mu"]
 
 MU_ZERO_RTOL = 1e-10  # |μ_p| ≤ this × √E[σ²] counts as μ_p = 0 (quadrature round-off)
 
@@ -63,6 +64,14 @@ class MomentPrepared:
     resid: torch.Tensor  # (R, n, b), already multiplied by the run's weight (0 = frozen)
 
 
+@dataclass(frozen=True)
+class MomentOptions(Options):
+    """Options of ``moment``."""
+
+    moment_order: int = option(1, "Stein estimator: 1 (Π⊥Σx(y − f₀)) or 2 (top eigenvector "
+                                  "of Π⊥Σ(y − f₀)(xxᵀ − I)Π⊥).", choices=(1, 2))
+
+
 class Moment(Learner):
     """Learner ``moment`` (see the module docstring for the estimators).
 
@@ -71,6 +80,7 @@ class Moment(Learner):
     """
 
     name = "moment"
+    Options = MomentOptions
 
     def __init__(self, problem: Problem, *, order: int = 1, batch: int = 1,
                  label_noise: float = 0.0):

@@ -37,16 +37,41 @@ import numpy as np
 import torch
 
 from .. import sphere
+from ..errors import ConfigError
+from ..losses import LOSS_EXACT
 from ..network_loss import network_loss_from_grams
-from ..observables import LOSS_EXACT
 from ..sampling import run_seed
 from .base import Learner, RunResult, TensorState, make_trajectory
+from .options import Options, eta_c_option, option
 from .problem import Problem, rowmat
 
 __all__ = ["NetworkState", "NetworkLearner", "Scratch", "ScratchCSQ", "Sparse",
+           "ScratchOptions", "SparseOptions", "SPARSE_SELECTIONS",
            "exact_loss", "alignment", "sparse_rows", "sparse_selection"]
 
 SQUARED, CORRELATION = "squared", "correlation"
+SPARSE_SELECTIONS = ("lambda", "random")
+
+
+@dataclass(frozen=True)
+class ScratchOptions(Options):
+    """Options of ``scratch``."""
+
+    width: int | None = option(None, "Student width k′ [default: k; another width needs "
+                                     "--train-second-layer].", check="positive")
+    train_second_layer: bool = option(False, "Also train the second layer λ̂ (plain SGD, "
+                                             "step size eta_c).")
+    eta_c: float | None = eta_c_option()
+
+
+@dataclass(frozen=True)
+class SparseOptions(Options):
+    """Options of ``sparse`` (S²FT)."""
+
+    sparse_rows: int | None = option(None, "Rows s tuned [default: ⌈(k + d)/d⌉, rank-1 "
+                                           "LoRA's parameter budget].", check="positive")
+    sparse_select: str = option("lambda", "Rows tuned: those of largest |λᵢ| (lambda) or "
+                                         "random ones.", choices=SPARSE_SELECTIONS)
 
 
 @dataclass
@@ -135,15 +160,13 @@ class NetworkLearner(Learner):
     # ------------------------------------------------------------------ construction
     @classmethod
     def check(cls, config, instance) -> None:
-        from ..config import ConfigError
-
         width = instance.k if config.width is None else config.width
         if not config.train_second_layer and width != instance.k:
             raise ConfigError("width", f"{cls.name} with a fixed second layer (λ̂ = λ) needs "
                                        f"width = k = {instance.k}, got {width}")
 
     @classmethod
-    def options(cls, config, problem: Problem) -> dict:
+    def init_kwargs(cls, config, problem: Problem) -> dict:
         """Keyword arguments of ``__init__`` from the config (subclasses add the mask)."""
         return dict(width=problem.k if config.width is None else config.width,
                     eta=config.eta, eta_c=config.step_size_c,
@@ -152,7 +175,7 @@ class NetworkLearner(Learner):
 
     @classmethod
     def from_config(cls, config, problem: Problem):
-        return cls(problem, **cls.options(config, problem))
+        return cls(problem, **cls.init_kwargs(config, problem))
 
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.eta_r, self.eta_c_r]
@@ -232,6 +255,35 @@ class NetworkLearner(Learner):
         state.step += 1
         return inv.amin(-1)
 
+    fast = True  # step_chunk_ through the compiled kernel where it applies (tests: False)
+
+    def step_chunk_(self, state: NetworkState, x: torch.Tensor, pre: Prepared,
+                    norms: torch.Tensor) -> None:
+        """Every step of a chunk x (R, n, b, d) in place, health values into norms (n, R).
+
+        On CPU with a registry σ: one call of the compiled kernel (``network_kernel``: the
+        same update, same examples, equal up to rounding); else :meth:`step_prepared_` per
+        step (the reference, and the path on CUDA)."""
+        from .network_kernel import kernel_activation, network_chunk
+
+        rows, n = state.rows, x.shape[1]
+        code = kernel_activation(self.problem.activation) if (
+            self.fast and rows.device.type == "cpu" and rows.is_contiguous()
+            and state.lam_hat.is_contiguous()) else None
+        if code is None:
+            for i in range(n):
+                norms[i] = self.step_prepared_(state, x[:, i], pre, i)
+            return
+        a_pre = None
+        if not bool(self.mask.all()):  # frozen rows: their aⱼ for the whole chunk, one GEMM
+            runs, _, b, d = x.shape
+            a_pre = torch.bmm(x.reshape(runs, n * b, d), rows.transpose(1, 2)).reshape(
+                runs, n, b, -1)
+        network_chunk(rows, state.lam_hat, x, pre.y, self.eta_r, self.eta_c_r, self.mask,
+                      norms, activation=code, correlation=self.loss_name == CORRELATION,
+                      train=self.train_second_layer, a_pre=a_pre)
+        state.step += n
+
     def renormalize_(self, state: NetworkState) -> None:
         """Exact projx of the trainable rows (frozen rows are left bit-for-bit unchanged)."""
         norms = torch.linalg.vector_norm(state.rows, dim=-1)
@@ -295,22 +347,14 @@ class Scratch(_FromScratch):
     """``scratch``: learn the teacher from random rows under the squared loss."""
 
     name = "scratch"
+    Options = ScratchOptions
 
 
 class ScratchCSQ(_FromScratch):
     """``scratch-csq``: the correlation loss L = −y f̂ (a CSQ algorithm), λ̂ = λ fixed."""
 
     name = "scratch-csq"
-    loss_name = CORRELATION
-
-    @classmethod
-    def check(cls, config, instance) -> None:
-        from ..config import ConfigError
-
-        if config.train_second_layer:
-            raise ConfigError("train_second_layer", "scratch-csq keeps λ̂ = λ fixed (the "
-                                                    "correlation loss is unbounded in λ̂)")
-        super().check(config, instance)
+    loss_name = CORRELATION  # no options: λ̂ = λ (the loss is unbounded in λ̂), so k′ = k
 
 
 class Sparse(NetworkLearner):
@@ -318,17 +362,11 @@ class Sparse(NetworkLearner):
     (:func:`sparse_selection`); alignment = mean over i of ⟨vᵢ, ŵᵢ⟩."""
 
     name = "sparse"
+    Options = SparseOptions
     diagonal_alignment = True
 
     @classmethod
     def check(cls, config, instance) -> None:
-        from ..config import ConfigError
-
-        if config.train_second_layer:
-            raise ConfigError("train_second_layer", "sparse keeps λ̂ = λ fixed")
-        if config.width is not None and config.width != instance.k:
-            raise ConfigError("width", f"sparse tunes W's own k = {instance.k} rows, got "
-                                       f"width {config.width}")
         s = sparse_rows(config, instance.k, instance.d)
         if s > instance.k:
             raise ConfigError("sparse_rows", f"must be ≤ k = {instance.k}, got {s}")
@@ -340,7 +378,7 @@ class Sparse(NetworkLearner):
                            device=problem.xi.device)
         for r in range(problem.runs):
             mask[r, torch.as_tensor(sparse_selection(config, lam[r], problem.d, r))] = True
-        return cls(problem, **cls.options(config, problem), mask=mask)
+        return cls(problem, **cls.init_kwargs(config, problem), mask=mask)
 
     def initial_arrays(self, config, instances) -> tuple[np.ndarray, np.ndarray]:
         inst0 = instances[0]

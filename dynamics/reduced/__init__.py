@@ -33,7 +33,8 @@ z ~ N(0, I_k), a, b ~ N(0, 1), r ~ N(0, I_{d−k−2}), all independent.
      and the new ê is the unit vector along the last two parts. As ḡ depends on (z, a, b, ε)
      only, Σₙḡₙrₙ ~ N(0, ‖ḡ‖² I_{d−k−2}) given ḡ: ρ² = ‖ḡ‖² χ²_{d−k−2}, one χ² per step
      whatever b (same law as ḡᵀ Gram(r) ḡ with a Bartlett-sampled Wishart Gram, at O(1)).
-     For b = 1, projected: μ′ = ((1 + ηgs)μ − ηga)/√(1 + η²g²(a² + b² + ‖r‖² − s²)) (DESIGN.md).
+     For b = 1, projected: μ′ = ((1 + ηgs)μ − ηga)/√(1 + η²g²(a² + b² + ‖r‖² − s²))
+     (docs/theory/exact-reductions.md).
 (R6) ĉ′ = ĉ − η_c ∂L/∂ĉ, evaluated at the pre-step state (simultaneous with û, as the full
      engine does).
 

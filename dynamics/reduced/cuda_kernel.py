@@ -1,8 +1,8 @@
 """CUDA backend of the reduced chain: one thread per run, every step in ONE kernel launch.
 
-The kernel calls the same compiled step loop as the CPU driver (:func:`._chain.run_one`, which
-allocates nothing: its scratch rows are slices of device arrays here), with the same per-run
-SplitMix64 streams, so a run's numbers are those of the CPU ``numba`` backend up to
+The kernel calls the same compiled step loop as the CPU driver (:func:`._chain.run_index`,
+which allocates nothing: its scratch rows are slices of device arrays here), with the same
+per-run SplitMix64 streams, so a run's numbers are those of the CPU ``numba`` backend up to
 floating-point contraction (FMA) on the device. Checkpoints are written by the threads
 themselves, so nothing returns to the host until the horizon (or every run's stop/divergence)
 is reached: the launch overhead is paid once per call instead of once per step, as it is in
@@ -19,62 +19,56 @@ import warnings
 import numpy as np
 from numba import cuda
 
-from ._chain import N_WORK_B, N_WORK_K, run_one
+from ._chain import (
+    FLAT_ARGS,
+    N_WORK_B,
+    N_WORK_K,
+    Hyper,
+    Inst,
+    Records,
+    Runs,
+    make_hyper,
+    run_index,
+)
+from .params import split_flat
 
-__all__ = ["advance", "THREADS_PER_BLOCK"]
+__all__ = ["advance_runs", "advance", "THREADS_PER_BLOCK"]
 
 THREADS_PER_BLOCK = 64
 
 
 @cuda.jit
-def _advance_kernel(project, joint, L_all, ident_all, prm_all, inst_idx, code, hp, dof, eta,
-                    eta_c, batch, noise_sd, states, mu, nu, pw, chat, n_steps, cp_steps, cp_m,
-                    cp_mu, cp_nu, cp_pw, cp_chat, div_step, stop_level, stop_abs, hit_step, wk,
-                    wb, zs, no3, no2):
+def _advance_kernel(hyp, inst, runs, rec, work, given):
     r = cuda.grid(1)
-    if r >= mu.shape[0]:
+    if r >= runs.mu.shape[0]:
         return
-    i = inst_idx[r]
-    st, m_r, n_r, dv, ht = run_one(
-        r, project, joint, L_all[i], ident_all[i], prm_all[i], code, hp, dof, eta, eta_c,
-        batch, noise_sd, states[r], mu[r], nu[r], pw[r], chat[r], n_steps, cp_steps, cp_m,
-        cp_mu, cp_nu, cp_pw, cp_chat, stop_level, stop_abs, no3, no2, no2, no2, no3, wk[r],
-        wb[r], zs[r])
-    states[r] = st
-    mu[r] = m_r
-    nu[r] = n_r
-    div_step[r] = dv
-    hit_step[r] = ht
+    run_index(r, hyp, inst, runs, rec, given, (work[0][r], work[1][r], work[2][r]))
 
 
-def advance(project, joint, L_all, ident_all, prm_all, inst_idx, code, hp, dof, eta, eta_c,
-            batch, noise_sd, states, mu, nu, pw, chat, n_steps, cp_steps, cp_m, cp_mu, cp_nu,
-            cp_pw, cp_chat, div_step, stop_level, stop_abs, hit_step) -> None:
-    """Same arguments and in-place results as :func:`._kernel.advance` (host numpy arrays);
-    the state is copied to the device, advanced in one launch and copied back."""
-    runs, k = chat.shape
-    dev = {name: cuda.to_device(np.ascontiguousarray(a)) for name, a in (
-        ("L", L_all), ("ident", ident_all), ("prm", prm_all), ("idx", inst_idx),
-        ("states", states), ("mu", mu), ("nu", nu), ("pw", pw), ("chat", chat),
-        ("cp", np.asarray(cp_steps, dtype=np.int64)), ("cp_m", cp_m), ("cp_mu", cp_mu),
-        ("cp_nu", cp_nu), ("cp_pw", cp_pw), ("cp_chat", cp_chat), ("div", div_step),
-        ("hit", hit_step))}
-    wk = cuda.device_array((runs, N_WORK_K, k))
-    wb = cuda.device_array((runs, N_WORK_B, batch))
-    zs = cuda.device_array((runs, batch, k))
-    no3 = cuda.device_array((0, 0, 0))
-    no2 = cuda.device_array((0, 0))
-    blocks = (runs + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+def _to_device(group):
+    """A named tuple of host arrays → the same named tuple of device copies."""
+    return type(group)(*(cuda.to_device(np.ascontiguousarray(a)) for a in group))
+
+
+def advance_runs(hyp, inst, runs, rec) -> None:
+    """Same arguments and in-place results as :func:`._kernel.advance_runs` (host numpy
+    arrays); the state is copied to the device, advanced in one launch and copied back."""
+    n_runs, k = runs.chat.shape
+    d_inst, d_runs, d_rec = _to_device(inst), _to_device(runs), _to_device(rec)
+    work = (cuda.device_array((n_runs, N_WORK_K, k)), cuda.device_array((n_runs, N_WORK_B,
+                                                                          hyp.batch)),
+            cuda.device_array((n_runs, hyp.batch, k)))
+    no3, no2 = cuda.device_array((0, 0, 0)), cuda.device_array((0, 0))
+    blocks = (n_runs + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
     with warnings.catch_warnings():  # few runs → few blocks, by the caller's choice
         warnings.filterwarnings("ignore", message=".*Grid size .* under-utilization")
-        _advance_kernel[blocks, THREADS_PER_BLOCK](
-            project, joint, dev["L"], dev["ident"], dev["prm"], dev["idx"], code, hp, dof, eta,
-            eta_c, batch, noise_sd, dev["states"], dev["mu"], dev["nu"], dev["pw"],
-            dev["chat"], n_steps, dev["cp"], dev["cp_m"], dev["cp_mu"], dev["cp_nu"],
-            dev["cp_pw"], dev["cp_chat"], dev["div"], stop_level, stop_abs, dev["hit"], wk, wb,
-            zs, no3, no2)
-    for name, host in (("states", states), ("mu", mu), ("nu", nu), ("pw", pw),
-                       ("chat", chat), ("cp_m", cp_m), ("cp_mu", cp_mu), ("cp_nu", cp_nu),
-                       ("cp_pw", cp_pw), ("cp_chat", cp_chat), ("div", div_step),
-                       ("hit", hit_step)):
-        host[...] = dev[name].copy_to_host()
+        _advance_kernel[blocks, THREADS_PER_BLOCK](hyp, d_inst, d_runs, d_rec, work,
+                                                   (no3, no2, no2, no2, no3))
+    for host, dev in zip(runs + rec[1:], d_runs + d_rec[1:], strict=True):
+        host[...] = dev.copy_to_host()
+
+
+def advance(*args) -> None:
+    """:func:`advance_runs` on flat arguments, in the order of ``_chain.FLAT_ARGS``."""
+    hyp, inst, runs, rec = split_flat(FLAT_ARGS, args, Hyper, Inst, Runs, Records)
+    advance_runs(make_hyper(*hyp), inst, runs, rec)

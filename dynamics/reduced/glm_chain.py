@@ -39,6 +39,7 @@ thread count.
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import replace
 
 import numba
@@ -52,9 +53,10 @@ from ..learners.base import RunResult
 from ..sampling import run_seed
 from ..trajectory import Trajectory, checkpoint_steps
 from . import _kernel, _rng
-from ._chain import M_TOL
+from ._drive import drive, overlap_status
 
-__all__ = ["glm_supported", "simulate_glm", "first_passage_glm", "advance_glm"]
+__all__ = ["glm_supported", "simulate_glm", "first_passage_glm", "advance_glm", "GlmHyper",
+           "GlmRuns"]
 
 ENGINE = "reduced"
 
@@ -70,77 +72,78 @@ def glm_supported(config: RunConfig) -> tuple[bool, str]:
     return True, ""
 
 
-@njit(cache=True)
-def _run_glm(r, code, hp, dof, eta, batch, noise_sd, st, m, nu, n_steps, cp_steps, cp_m,
-             stop_level, stop_abs):
-    """Advance run r from (m, ν, stream ``st``) by up to ``n_steps`` steps (G2)–(G4).
+GlmHyper = namedtuple("GlmHyper", ["code", "hp", "dof", "eta", "batch", "noise_sd", "n_steps",
+                                   "stop_level", "stop_abs"])
+GlmHyper.__doc__ = """Settings of one call: σ's (code, p), χ² dof d − 2, η, batch b, label-noise
+sd, horizon, stop level (inf: none) and whether it applies to |m|."""
+GlmRuns = namedtuple("GlmRuns", ["states", "m", "nu", "div_step", "hit_step"])
+GlmRuns.__doc__ = "The runs' streams, m, ν (advanced in place) and div/hit steps (R,)."
 
-    Returns (st, m, ν, div_step, hit_step): div_step the first step with a non-finite state
-    or |m| > 1 + M_TOL (the run freezes), hit_step the first step with m ≥ stop_level
-    (|m| if ``stop_abs``; the run stops); −1 when it did not happen.
-    """
-    use_stop = math.isfinite(stop_level)
-    chi2_prep = _rng.chi2_prepare(dof)
-    inv_b = 1.0 / batch
-    n_cp = cp_steps.shape[0]
-    c = 0
-    t = 0
-    div_step = -1
-    hit_step = -1
-    while True:
-        while c < n_cp and cp_steps[c] == t:
-            cp_m[r, c] = m
-            c += 1
-        if t == n_steps or div_step >= 0 or hit_step >= 0:
-            break
-        gu = 0.0
-        ge = 0.0
-        g2 = 0.0
-        for _n in range(batch):
-            a, st = _rng.normal(st)
-            b, st = _rng.normal(st)
-            y = sigma(a, code, hp)
-            if noise_sd > 0.0:
-                e, st = _rng.normal(st)
-                y += noise_sd * e
-            s = m * a + nu * b
-            sv, sd = sigma_and_deriv(s, code, hp)
-            g = -2.0 * (y - sv) * sd * inv_b
-            gu += g * a
-            ge += g * b
-            g2 += g * g
-        q, st = _rng.chi2_prepared(chi2_prep, st)
-        big_s = m * gu + nu * ge
-        pm = m - eta * (gu - big_s * m)
-        pe = nu - eta * (ge - big_s * nu)
-        rest = pe * pe + eta * eta * g2 * q
-        inv = 1.0 / math.sqrt(pm * pm + rest)
-        m = pm * inv
-        nu = math.sqrt(rest) * inv
-        t += 1
-        if not (math.isfinite(m) and math.isfinite(nu)) or abs(m) > 1.0 + M_TOL:
-            div_step = t
-        elif use_stop and (abs(m) if stop_abs else m) >= stop_level:
-            hit_step = t
-    while c < n_cp:  # frozen (diverged or stopped) runs keep their last state
-        cp_m[r, c] = m
-        c += 1
-    return st, m, nu, div_step, hit_step
+
+@njit(cache=True, inline="always")
+def _glm_step(ctx, sc, t):
+    """One step (G2)–(G4) from sc = (stream, m, ν): (sc′, status) (:func:`._drive.drive`)."""
+    _r, hyp, chi2_prep, inv_b, use_stop, _cp_m = ctx
+    st, m, nu = sc
+    code, hp = hyp.code, hyp.hp
+    gu = 0.0
+    ge = 0.0
+    g2 = 0.0
+    for _n in range(hyp.batch):
+        a, st = _rng.normal(st)
+        b, st = _rng.normal(st)
+        y = sigma(a, code, hp)
+        if hyp.noise_sd > 0.0:
+            e, st = _rng.normal(st)
+            y += hyp.noise_sd * e
+        s = m * a + nu * b
+        sv, sd = sigma_and_deriv(s, code, hp)
+        g = -2.0 * (y - sv) * sd * inv_b
+        gu += g * a
+        ge += g * b
+        g2 += g * g
+    q, st = _rng.chi2_prepared(chi2_prep, st)
+    eta = hyp.eta
+    big_s = m * gu + nu * ge
+    pm = m - eta * (gu - big_s * m)
+    pe = nu - eta * (ge - big_s * nu)
+    rest = pe * pe + eta * eta * g2 * q
+    inv = 1.0 / math.sqrt(pm * pm + rest)
+    m = pm * inv
+    nu = math.sqrt(rest) * inv
+    return (st, m, nu), overlap_status(m, nu, use_stop, hyp.stop_level, hyp.stop_abs)
+
+
+@njit(cache=True, inline="always")
+def _glm_record(ctx, sc, c):
+    ctx[5][ctx[0], c] = sc[1]
+
+
+@njit(cache=True, _nrt=False)  # allocates nothing; see _drive on reference counting
+def _run_glm(r, hyp, sc, cp_steps, cp_m):
+    """Advance run r from sc = (stream, m, ν) by up to ``hyp.n_steps`` steps, recording m
+    at ``cp_steps`` into row r of ``cp_m``. Returns (sc, div_step, hit_step) as
+    :func:`._drive.drive` (divergence: non-finite state or |m| > 1 + M_TOL)."""
+    ctx = (r, hyp, _rng.chi2_prepare(hyp.dof), 1.0 / hyp.batch, math.isfinite(hyp.stop_level),
+           cp_m)
+    return drive(_glm_step, _glm_record, ctx, sc, hyp.n_steps, cp_steps)
+
+
+@njit(cache=True)
+def _run_glm_index(r, hyp, runs, cp_steps, cp_m):
+    """Run r of ``runs`` (in place). A function of its own: numba loses writes to the arrays
+    of a named tuple made in a ``prange`` body (numba issue #7135)."""
+    sc, runs.div_step[r], runs.hit_step[r] = _run_glm(
+        r, hyp, (runs.states[r], runs.m[r], runs.nu[r]), cp_steps, cp_m)
+    runs.states[r], runs.m[r], runs.nu[r] = sc
 
 
 @njit(parallel=True, cache=True)
-def advance_glm(code, hp, dof, eta, batch, noise_sd, states, m, nu, n_steps, cp_steps, cp_m,
-                div_step, stop_level, stop_abs, hit_step):
-    """All runs by ``n_steps`` steps in parallel (in place); checkpoints into cp_m (R, C)."""
-    for r in prange(m.shape[0]):
-        st, m_r, n_r, dv, ht = _run_glm(r, code, hp, dof, eta, batch, noise_sd, states[r],
-                                        m[r], nu[r], n_steps, cp_steps, cp_m, stop_level,
-                                        stop_abs)
-        states[r] = st
-        m[r] = m_r
-        nu[r] = n_r
-        div_step[r] = dv
-        hit_step[r] = ht
+def advance_glm(hyp, runs, cp_steps, cp_m):
+    """All runs of ``runs`` (:class:`GlmRuns`, in place) by ``hyp.n_steps`` steps in
+    parallel; checkpoints into cp_m (R, C)."""
+    for r in prange(runs.m.shape[0]):
+        _run_glm_index(r, hyp, runs, cp_steps, cp_m)
 
 
 def _start(config: RunConfig):
@@ -165,11 +168,12 @@ def _advance(config, instances, act, states, m, nu, cp, n_steps, stop_level=math
     cp_m = np.empty((runs, len(cp)))
     div = np.full(runs, -1, dtype=np.int64)
     hit = np.full(runs, -1, dtype=np.int64)
+    hyp = GlmHyper(act[0], act[1], int(dof), float(config.eta), config.batch,
+                   math.sqrt(config.label_noise), int(n_steps), float(stop_level),
+                   bool(stop_abs))
     with numba.parallel_chunksize(1):  # runs to threads one at a time (unequal costs)
-        advance_glm(act[0], act[1], dof, float(config.eta), config.batch,
-                    math.sqrt(config.label_noise), states, m, nu, int(n_steps),
-                    np.asarray(cp, dtype=np.int64), cp_m, div, float(stop_level),
-                    bool(stop_abs), hit)
+        advance_glm(hyp, GlmRuns(states, m, nu, div, hit), np.asarray(cp, dtype=np.int64),
+                    cp_m)
     return cp_m, div, hit
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..instance import Instance
 
-__all__ = ["ChainParams", "pack_instances", "distinct"]
+__all__ = ["ChainParams", "pack_instances", "distinct", "split_flat", "join_flat"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +61,16 @@ def pack_instances(run_instances: list[Instance]) -> ChainParams:
     c_hat0 = np.stack([np.asarray(run_instances[r].c_hat, dtype=np.float64)
                        for r in range(len(run_instances))])
     return ChainParams(L, ident, prm, idx, c_hat0, tuple(order))
+
+
+def split_flat(order, args, *classes) -> tuple:
+    """The flat arguments ``args`` of a kernel entry point, named in turn by ``order``, as
+    one instance of each named-tuple class of ``classes`` (fields taken by name)."""
+    named = dict(zip(order, args, strict=True))
+    return tuple(cls(*(named[f] for f in cls._fields)) for cls in classes)
+
+
+def join_flat(order, *groups) -> tuple:
+    """Inverse of :func:`split_flat`: the fields of the named tuples ``groups`` in ``order``."""
+    named = {f: v for g in groups for f, v in zip(g._fields, g, strict=True)}
+    return tuple(named[f] for f in order)

@@ -40,6 +40,7 @@ seeded from (seed, r), all runs in a ``prange``. Mini-batches are not reduced he
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numpy as np
 from numba import njit, prange
@@ -47,8 +48,11 @@ from numba import njit, prange
 from hermite.activations_numba import sigma, sigma_and_deriv
 
 from . import _rng
+from ._drive import DIVERGED, HIT, RUNNING, drive
+from .params import split_flat
 
-__all__ = ["RETRACTIONS", "init_runs", "advance", "step_given", "scratch"]
+__all__ = ["RETRACTIONS", "RankHyper", "RankInst", "RankRuns", "RankRecords", "FLAT_ARGS",
+           "make_rank_hyper", "init_runs", "advance_runs", "advance", "step_given", "scratch"]
 
 RETRACTIONS = {"qr": 0, "polar": 1}
 SV_TOL = 1e-9  # ‖M‖_F² > r(1 + SV_TOL) counts as divergence (σ(M) ≤ 1 on the manifold)
@@ -108,13 +112,58 @@ def init_runs(seed, n_perp, states, m_out, b_out):
 N_SCRATCH_R = 4  # (r,)-vectors in the scratch: s, g and spares
 NEWTON_MAX = 40  # Newton–Schulz iterations of the polar factor before falling back to eigh
 
+RankHyper = namedtuple("RankHyper", ["joint", "code", "hp", "dof", "eta", "eta_c", "noise_sd",
+                                     "retraction", "n_steps", "stop_level"])
+RankHyper.__doc__ = """Settings of one call: joint Ĉ, σ's (code, p), χ² dof d − k − 2r, η, η_c,
+label-noise sd, retraction code (:data:`RETRACTIONS`), horizon and stop level (inf: none)."""
+RankInst = namedtuple("RankInst", ["L", "ident", "lam", "C", "tnorm", "xi", "inst_idx"])
+RankInst.__doc__ = """Per-instance L (I, k, k), ident (I,), λ (I, k), C (I, k, r), teacher
+norms (I, k), ξ (I,); instance of each run (R,)."""
+RankRuns = namedtuple("RankRuns", ["states", "m", "b", "chat", "div_step", "hit_step"])
+RankRuns.__doc__ = "The runs' streams, M, B (R, r, r), Ĉ (R, k, r) (in place), div/hit steps."
+RankRecords = namedtuple("RankRecords", ["cp_steps", "cp_m", "cp_chat"])
+RankRecords.__doc__ = "Checkpoint steps (C,), M (R, C, r, r) and Ĉ (R, C, k, r) or (R, 0, k, r)."
+RankWork = namedtuple("RankWork", ["vr", "vk", "gc", "xv", "y", "rr", "vv"])
+RankWork.__doc__ = """Scratch of :func:`_step`: (r,)-vectors s, g, …; (k,)-vectors N̂, â, σ′(â);
+∂L/∂Ĉ (k, r); ξₓ (2r+1); Y (2r+1, r); four r×r matrices; V (r+1, r)."""
+# the flat positional orders of :func:`advance` and :func:`step_given` (tests use them)
+FLAT_ARGS = ("L", "ident", "lam", "C", "tnorm", "xi", "inst_idx", "chat", "joint", "code", "hp",
+             "dof", "eta", "eta_c", "noise_sd", "retraction", "states", "m", "b", "n_steps",
+             "cp_steps", "cp_m", "cp_chat", "div_step", "stop_level", "hit_step")
+STEP_GIVEN_ARGS = ("L", "ident", "lam", "C", "tnorm", "xi", "chat", "joint", "code", "hp",
+                   "eta", "eta_c", "retraction", "m", "b", "z", "a", "bv", "rho", "eps")
+
+
+def make_rank_hyper(joint, code, hp, dof, eta, eta_c, noise_sd, retraction, n_steps,
+                    stop_level=math.inf) -> RankHyper:
+    """:class:`RankHyper` with the field types the kernels are compiled for."""
+    return RankHyper(bool(joint), int(code), int(hp), int(dof), float(eta), float(eta_c),
+                     float(noise_sd), int(retraction), int(n_steps), float(stop_level))
+
 
 @njit(cache=True)
 def scratch(k, r):
-    """Per-run work arrays of :func:`_step` (the hot loop allocates nothing)."""
+    """Per-run work arrays of :func:`_step` (:class:`RankWork`; the step allocates nothing)."""
     n = 2 * r + 1
-    return (np.empty((N_SCRATCH_R, r)), np.empty((3, k)), np.empty((k, r)), np.empty(n),
-            np.empty((n, r)), np.empty((4, r, r)), np.empty((r + 1, r)))
+    return RankWork(np.empty((N_SCRATCH_R, r)), np.empty((3, k)), np.empty((k, r)),
+                    np.empty(n), np.empty((n, r)), np.empty((4, r, r)), np.empty((r + 1, r)))
+
+
+@njit(cache=True)
+def _sym_sqrt_into(h, inverse, out):
+    """out ← :func:`_sym_sqrt` (h, inverse): callable from code compiled without NRT."""
+    res = _sym_sqrt(h, inverse)
+    for p in range(h.shape[0]):
+        for q in range(h.shape[0]):
+            out[p, q] = res[p, q]
+
+
+@njit(cache=True, inline="always")
+def _copy2(dst, src):
+    """dst[…] = src for 2-d arrays (element loop: no slicing without NRT)."""
+    for p in range(src.shape[0]):
+        for q in range(src.shape[1]):
+            dst[p, q] = src[p, q]
 
 
 @njit(cache=True)
@@ -216,16 +265,16 @@ def _min_sv_at_least(m, level, work):
     return True
 
 
-@njit(cache=True)
-def _step(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retraction,
-          m, b, z, a, bv, rho, eps, vr, vk, gc, xv, y, rr, vv):
-    """One step (Q1)–(Q4) in place: M, B and (joint) Ĉ are updated. Scratch from
-    :func:`scratch`. z (k,) standard normals (Wx = Lz); a, bv (r,); rho = ‖rest of Πx‖;
-    eps the label noise; ``tc`` = C (k×r); ``tnorm`` (k,) the teacher norms Nᵢ."""
+@njit(cache=True, inline="always")
+def _forward(inst, hyp, chat, m, b, draws, w):
+    """(Q1): s = Ûᵀx into w.vr[0], g into w.vr[1] and (joint) ∂L/∂Ĉ into w.gc."""
+    L, ident, lam, tc, tnorm, xi = inst
+    z, a, bv, _rho, eps = draws
+    code, hp = hyp.code, hyp.hp
     k, r = chat.shape
-    n = 2 * r + 1
-    s, g = vr[0], vr[1]
-    nh, ahat, sd = vk[0], vk[1], vk[2]
+    s, g = w.vr[0], w.vr[1]
+    nh, ahat, sd = w.vk[0], w.vk[1], w.vk[2]
+    gc = w.gc
     for q in range(r):
         acc = 0.0
         for p in range(r):
@@ -257,11 +306,19 @@ def _step(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retra
         delta = -2.0 * resid * lam[j] * sd[j]
         for q in range(r):
             g[q] += delta * xi * chat[j, q] / nh[j]
-            if joint:
+            if hyp.joint:
                 gc[j, q] = delta * (xi * s[q] / nh[j] - ahat[j] * xi * xi * chat[j, q]
                                     / (nh[j] * nh[j]))
-    # (Q3): Y = X − η(ξₓgᵀ − X sym(s gᵀ)), X = [M; B; 0] in the basis (U, Q, r̂)
-    sym = rr[0]
+
+
+@njit(cache=True, inline="always")
+def _tangent(eta, m, b, draws, w):
+    """(Q3): Y = X − η(ξₓgᵀ − X sym(s gᵀ)) into w.y, X = [M; B; 0] in the basis (U, Q, r̂)."""
+    a, bv, rho = draws[1], draws[2], draws[3]
+    r = m.shape[0]
+    n = 2 * r + 1
+    s, g, xv, y = w.vr[0], w.vr[1], w.xv, w.y
+    sym = w.rr[0]
     for p in range(r):
         xv[p] = a[p]
         xv[r + p] = bv[p]
@@ -281,29 +338,46 @@ def _step(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retra
                 for l_ in range(r):
                     acc += b[p - r, l_] * sym[l_, q]
             y[p, q] = xpq - eta * (xv[p] * g[q] - acc)
-    # (Q4): retraction in coefficient space
+
+
+@njit(cache=True, inline="always")
+def _retract(retraction, w):
+    """(Q4): w.y ← its Q factor (``qr``) or Y(YᵀY)^{−1/2} (``polar``), in coefficient space."""
+    y, rr, vr = w.y, w.rr, w.vr
+    n, r = y.shape
     if retraction == 0:
         _r_factor(y, rr[3])  # y ← Q factor with diag(R) > 0
-    else:
-        gram = rr[3]
-        for p in range(r):
-            for q in range(r):
-                acc = 0.0
-                for l_ in range(n):
-                    acc += y[l_, p] * y[l_, q]
-                gram[p, q] = acc
-        if _inv_sqrt_newton(gram, rr):
-            inv = rr[1]
-        else:
-            inv = _sym_sqrt(gram, True)
-        for p in range(n):
-            for q in range(r):
-                acc = 0.0
-                for l_ in range(r):
-                    acc += y[p, l_] * inv[l_, q]
-                vr[2, q] = acc  # row p of Y S^{−1/2}, staged
-            for q in range(r):
-                y[p, q] = vr[2, q]
+        return
+    gram = rr[3]
+    for p in range(r):
+        for q in range(r):
+            acc = 0.0
+            for l_ in range(n):
+                acc += y[l_, p] * y[l_, q]
+            gram[p, q] = acc
+    if not _inv_sqrt_newton(gram, rr):  # S^{−1/2} into rr[1], else by eigh
+        _sym_sqrt_into(gram, True, rr[1])
+    inv = rr[1]
+    for p in range(n):
+        for q in range(r):
+            acc = 0.0
+            for l_ in range(r):
+                acc += y[p, l_] * inv[l_, q]
+            vr[2, q] = acc  # row p of Y S^{−1/2}, staged
+        for q in range(r):
+            y[p, q] = vr[2, q]
+
+
+@njit(cache=True, inline="always")
+def _step(inst, hyp, chat, m, b, draws, w):
+    """One step (Q1)–(Q4) in place: M, B and (joint) Ĉ are updated. ``inst`` = (L, ident, λ,
+    C, teacher norms Nᵢ, ξ) of the instance; ``draws`` = (z (k,) standard normals (Wx = Lz),
+    a, bv (r,), ρ = ‖rest of Πx‖, ε the label noise); ``w`` = :func:`scratch`."""
+    k, r = chat.shape
+    _forward(inst, hyp, chat, m, b, draws, w)
+    _tangent(hyp.eta, m, b, draws, w)
+    _retract(hyp.retraction, w)
+    y, vv = w.y, w.vv
     for p in range(r):
         for q in range(r):
             m[p, q] = y[p, q]
@@ -311,116 +385,140 @@ def _step(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retra
         for q in range(r):
             vv[p, q] = y[r + p, q]
     _r_factor(vv, b)
-    if joint:
+    if hyp.joint:
         for j in range(k):
             for q in range(r):
-                chat[j, q] -= eta_c * gc[j, q]
+                chat[j, q] -= hyp.eta_c * w.gc[j, q]
 
 
-def step_given(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retraction,
-               m, b, z, a, bv, rho, eps):
-    """One step (Q1)–(Q4) on given variates (tests): new (M′, B′, Ĉ′), inputs untouched."""
-    m, b = np.array(m, dtype=np.float64), np.array(b, dtype=np.float64)
-    chat = np.array(chat, dtype=np.float64)
-    k, r = chat.shape
-    _step(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retraction, m, b,
-          np.asarray(z, np.float64), np.asarray(a, np.float64), np.asarray(bv, np.float64),
-          float(rho), float(eps), *scratch(k, r))
+def step_given(*args):
+    """One step (Q1)–(Q4) on given variates (tests), arguments in the order of
+    :data:`STEP_GIVEN_ARGS`: new (M′, B′, Ĉ′), inputs untouched."""
+    a = dict(zip(STEP_GIVEN_ARGS, args, strict=True))
+    m, b = np.array(a["m"], dtype=np.float64), np.array(a["b"], dtype=np.float64)
+    chat = np.array(a["chat"], dtype=np.float64)
+    hyp = make_rank_hyper(a["joint"], a["code"], a["hp"], 0, a["eta"], a["eta_c"], 0.0,
+                          a["retraction"], 0)
+    draws = (*(np.asarray(a[n], np.float64) for n in ("z", "a", "bv")), float(a["rho"]),
+             float(a["eps"]))
+    _step(tuple(a[f] for f in RankInst._fields[:6]), hyp, chat, m, b, draws,
+          scratch(*chat.shape))
     return m, b, chat
 
 
-@njit(cache=True)
-def _run_one(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, dof, eta, eta_c,
-             noise_sd, retraction, st, m, b, n_steps, cp_steps, cp_m, cp_chat, run,
-             stop_level):
+@njit(cache=True, inline="always")
+def _draw(hyp, prep, st, z, a, bv):
+    """z (k), a, b (r) standard normals, ε and ρ = √χ²_{d−k−2r} from the stream:
+    (ρ, ε, stream)."""
+    for i in range(z.shape[0]):
+        z[i], st = _rng.normal(st)
+    for q in range(a.shape[0]):
+        a[q], st = _rng.normal(st)
+    for q in range(bv.shape[0]):
+        bv[q], st = _rng.normal(st)
+    eps = 0.0
+    if hyp.noise_sd > 0.0:
+        e, st = _rng.normal(st)
+        eps = hyp.noise_sd * e
+    q2, st = _rng.chi2_prepared(prep, st)
+    return math.sqrt(q2), eps, st
+
+
+@njit(cache=True, inline="always")
+def _status(m, b, chat, joint, bound, use_stop, stop_level, w):
+    """DIVERGED for a non-finite state or ‖M‖_F² > bound, HIT when ``use_stop`` and every
+    singular value of M is ≥ stop_level, else RUNNING."""
     k, r = chat.shape
-    n_cp = cp_steps.shape[0]
-    chi2_prep = _rng.chi2_prepare(dof)
-    z = np.empty(k)
-    a = np.empty(r)
-    bv = np.empty(r)
-    vr, vk, gc, xv, y, rr, vv = scratch(k, r)
-    m_old = np.empty((r, r))
-    b_old = np.empty((r, r))
-    c_old = np.empty((k, r))
-    use_stop = math.isfinite(stop_level)
-    bound = r * (1.0 + SV_TOL)  # ‖M‖_F² ≤ r: M is a block of an orthonormal frame
-    c = 0
-    t = 0
-    div_step = -1
-    hit_step = -1
-    while True:
-        while c < n_cp and cp_steps[c] == t:
-            cp_m[run, c] = m
-            if joint:
-                cp_chat[run, c] = chat
-            c += 1
-        if t == n_steps or div_step >= 0 or hit_step >= 0:
-            break
-        for i in range(k):
-            z[i], st = _rng.normal(st)
+    fro = 0.0
+    ok = True
+    for p in range(r):
         for q in range(r):
-            a[q], st = _rng.normal(st)
-        for q in range(r):
-            bv[q], st = _rng.normal(st)
-        eps = 0.0
-        if noise_sd > 0.0:
-            e, st = _rng.normal(st)
-            eps = noise_sd * e
-        q2, st = _rng.chi2_prepared(chi2_prep, st)
-        m_old[:] = m
-        b_old[:] = b
-        if joint:
-            c_old[:] = chat
-        _step(L, ident, lam, tc, tnorm, xi, chat, joint, code, hp, eta, eta_c, retraction, m,
-              b, z, a, bv, math.sqrt(q2), eps, vr, vk, gc, xv, y, rr, vv)
-        t += 1
-        fro = 0.0
-        ok = True
-        for p in range(r):
+            fro += m[p, q] * m[p, q]
+            ok = ok and math.isfinite(b[p, q])
+    if joint:
+        for j in range(k):
             for q in range(r):
-                fro += m[p, q] * m[p, q]
-                ok = ok and math.isfinite(b[p, q])
-        if joint:
-            for j in range(k):
-                for q in range(r):
-                    ok = ok and math.isfinite(chat[j, q])
-        if not (ok and fro <= bound):  # a NaN fails the comparison too
-            div_step = t  # frozen at the last valid state
-            m[:] = m_old
-            b[:] = b_old
-            if joint:
-                chat[:] = c_old
-            continue
-        if use_stop and fro >= r * stop_level * stop_level and _min_sv_at_least(
-                m, stop_level, rr):
-            hit_step = t
-    while c < n_cp:  # frozen (diverged or stopped) runs keep their last state
-        cp_m[run, c] = m
-        if joint:
-            cp_chat[run, c] = chat
-        c += 1
-    return st, m, b, chat, div_step, hit_step
+                ok = ok and math.isfinite(chat[j, q])
+    if not (ok and fro <= bound):  # a NaN fails the comparison too
+        return DIVERGED
+    if use_stop and fro >= r * stop_level * stop_level and _min_sv_at_least(
+            m, stop_level, w.rr):
+        return HIT
+    return RUNNING
+
+
+@njit(cache=True, inline="always")
+def _rank_step(ctx, sc, _t):
+    """One step of the run: ((stream,), status); a diverged run is frozen at its last valid
+    state (:func:`._drive.drive`)."""
+    _run, hyp, inst, prep, use_stop, bound, state, _rec, work = ctx
+    m, b, chat = state
+    w, (z, a, bv), old = work
+    rho, eps, st = _draw(hyp, prep, sc[0], z, a, bv)
+    _copy2(old[0], m)
+    _copy2(old[1], b)
+    if hyp.joint:
+        _copy2(old[2], chat)
+    _step(inst, hyp, chat, m, b, (z, a, bv, rho, eps), w)
+    status = _status(m, b, chat, hyp.joint, bound, use_stop, hyp.stop_level, w)
+    if status == DIVERGED:
+        _copy2(m, old[0])
+        _copy2(b, old[1])
+        if hyp.joint:
+            _copy2(chat, old[2])
+    return (st,), status
+
+
+@njit(cache=True, inline="always")
+def _rank_record(ctx, sc, c):
+    """Checkpoint c of the run: M (and Ĉ if trained) into its row of the records."""
+    run, hyp, _inst, _prep, _use, _bound, state, rec, _work = ctx
+    m, _b, chat = state
+    _copy2(rec.cp_m[run, c], m)
+    if hyp.joint:
+        _copy2(rec.cp_chat[run, c], chat)
+
+
+@njit(cache=True, _nrt=False)  # allocates nothing; see _drive on reference counting
+def _run_one(run, hyp, inst, st, state, rec, work):
+    """Advance run ``run`` from its stream ``st`` and state = (M, B, Ĉ) (in place) by up to
+    ``hyp.n_steps`` steps; ``inst`` its instance's (L, ident, λ, C, N, ξ); ``work`` =
+    (:func:`scratch`, (z, a, b), copies (M, B, Ĉ)). Returns (stream, div_step, hit_step)."""
+    r = state[0].shape[0]
+    ctx = (run, hyp, inst, _rng.chi2_prepare(hyp.dof), math.isfinite(hyp.stop_level),
+           r * (1.0 + SV_TOL), state, rec, work)  # ‖M‖_F² ≤ r: M is a block of a frame
+    sc, div_step, hit_step = drive(_rank_step, _rank_record, ctx, (st,), hyp.n_steps,
+                                   rec.cp_steps)
+    return sc[0], div_step, hit_step
+
+
+@njit(cache=True)
+def _run_index(run, hyp, inst, runs, rec):
+    """Run ``run`` of ``runs`` (in place) with its scratch. A function of its own: numba
+    loses writes to the arrays of a named tuple made in a ``prange`` body (issue #7135)."""
+    k, r = runs.chat.shape[1:]
+    i = inst.inst_idx[run]
+    work = (scratch(k, r), (np.empty(k), np.empty(r), np.empty(r)),
+            (np.empty((r, r)), np.empty((r, r)), np.empty((k, r))))
+    runs.states[run], runs.div_step[run], runs.hit_step[run] = _run_one(
+        run, hyp, (inst.L[i], inst.ident[i], inst.lam[i], inst.C[i], inst.tnorm[i],
+                   inst.xi[i]),
+        runs.states[run], (runs.m[run], runs.b[run], runs.chat[run]), rec, work)
 
 
 @njit(parallel=True, cache=True)
-def advance(L_all, ident_all, lam_all, tc_all, tnorm_all, xi_all, inst_idx, chat_all, joint,
-            code, hp, dof, eta, eta_c, noise_sd, retraction, states, m_all, b_all, n_steps,
-            cp_steps, cp_m, cp_chat, div_step, stop_level, hit_step):
-    """Advance every run ``n_steps`` (in place: states, M, B, Ĉ); checkpoints into cp_m
-    (R, C, r, r) and cp_chat (R, C, k, r). div_step / hit_step: first step with a non-finite
-    state or a singular value > 1 + SV_TOL (the run is frozen before it) / with the smallest
-    singular value ≥ stop_level (the run stops); −1 if never."""
-    for run in prange(m_all.shape[0]):
-        i = inst_idx[run]
-        st, m, b, ch, dv, ht = _run_one(
-            L_all[i], ident_all[i], lam_all[i], tc_all[i], tnorm_all[i], xi_all[i],
-            chat_all[run].copy(), joint, code, hp, dof, eta, eta_c, noise_sd, retraction,
-            states[run], m_all[run].copy(), b_all[run].copy(), n_steps, cp_steps, cp_m,
-            cp_chat, run, stop_level)
-        states[run] = st
-        m_all[run] = m
-        b_all[run] = b
-        chat_all[run] = ch
-        div_step[run] = dv
-        hit_step[run] = ht
+def advance_runs(hyp, inst, runs, rec):
+    """Advance every run of ``runs`` (:class:`RankRuns`, in place) by ``hyp.n_steps``;
+    checkpoints into ``rec`` (:class:`RankRecords`). div_step / hit_step: first step with a
+    non-finite state or a singular value > 1 + SV_TOL (the run is frozen before it) / with
+    the smallest singular value ≥ stop_level (the run stops); −1 if never."""
+    for run in prange(runs.m.shape[0]):
+        _run_index(run, hyp, inst, runs, rec)
+
+
+def advance(*args) -> None:
+    """:func:`advance_runs` on flat arguments, in the order of :data:`FLAT_ARGS` (kept flat:
+    a test replaces one of them)."""
+    hyp, inst, runs, rec = split_flat(FLAT_ARGS, args, RankHyper, RankInst, RankRuns,
+                                      RankRecords)
+    advance_runs(make_rank_hyper(*hyp), inst, runs, rec)

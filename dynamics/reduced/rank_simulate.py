@@ -17,35 +17,25 @@ import torch
 import hermite
 from hermite.activations_numba import act_code
 
+from ..learners import Problem, RunResult
+from ..learners.lora import LoRA
+from ..lora_instance import run_lora_instances
 from ..sampling import run_seed
 from ..trajectory import Trajectory, checkpoint_steps
 from . import rank_chain
-from .params import distinct
+from .params import distinct, join_flat
 
 __all__ = ["rank_supported", "simulate_rank_reduced", "first_passage_rank"]
 
 
 def rank_supported(config) -> tuple[bool, str]:
-    """(True, "") when the rank-r chain is exact for this ``lora`` config, else a reason."""
-    why = []
-    if not config.project:
-        why.append("unprojected Û")
-    if config.batch != 1:
-        why.append("mini-batches (b > 1)")
-    if float(config.instance.get("u_alpha", 0.0) or 0.0) != 0.0:
-        why.append("U with a component in span W (u_alpha > 0)")
-    if act_code(str(config.instance.get("activation"))) is None:
-        why.append(f"activation {config.instance.get('activation')!r} (no compiled version)")
-    if why:
-        return False, ("reduced engine: the rank-r chain does not cover " + ", ".join(why)
-                       + "; use --engine full")
-    return True, ""
+    """(True, "") when the rank-r chain is exact for this ``lora`` config, else a reason
+    (:meth:`dynamics.learners.lora.LoRA.reduced_supported`)."""
+    return LoRA.reduced_supported(config)
 
 
 def _setup(config):
     """(instances, rank-r instances, the chain's per-instance arrays) of a supported config."""
-    from ..lora_instance import run_lora_instances
-
     ok, why = rank_supported(config)
     if not ok:
         raise ValueError(why)
@@ -88,24 +78,22 @@ def _advance(config, linst, arrays, states, m, b, cp, n_steps, stop_level=math.i
     div = np.full(runs, -1, dtype=np.int64)
     hit = np.full(runs, -1, dtype=np.int64)
     chat = arrays["chat"].copy()
-    with numba.parallel_chunksize(1):
-        rank_chain.advance(
-            arrays["L"], arrays["ident"], arrays["lam"], arrays["C"], arrays["tnorm"],
-            arrays["xi"], arrays["idx"], chat, config.joint_c, code, hp,
-            linst[0].d - k - 2 * r, float(config.eta), float(config.step_size_c),
-            math.sqrt(config.label_noise), rank_chain.RETRACTIONS[config.retraction], states,
-            m, b, int(n_steps), np.asarray(cp, dtype=np.int64), cp_m, cp_chat, div,
-            float(stop_level), hit)
+    hyp = rank_chain.make_rank_hyper(
+        config.joint_c, code, hp, linst[0].d - k - 2 * r, config.eta, config.step_size_c,
+        math.sqrt(config.label_noise), rank_chain.RETRACTIONS[config.retraction], n_steps,
+        stop_level)
+    inst = rank_chain.RankInst(arrays["L"], arrays["ident"], arrays["lam"], arrays["C"],
+                               arrays["tnorm"], arrays["xi"], arrays["idx"])
+    runs_ = rank_chain.RankRuns(states, m, b, chat, div, hit)
+    rec = rank_chain.RankRecords(np.asarray(cp, dtype=np.int64), cp_m, cp_chat)
+    with numba.parallel_chunksize(1):  # flat, through rank_chain.advance (a test patches it)
+        rank_chain.advance(*join_flat(rank_chain.FLAT_ARGS, hyp, inst, runs_, rec))
     return cp_m, (cp_chat if config.joint_c else None), div, hit
 
 
 def simulate_rank_reduced(config) -> Trajectory:
     """Simulate a ``lora`` config on the rank-r chain; the same Trajectory as the full engine
     (float64 always)."""
-
-    from ..learners import Problem, RunResult
-    from ..learners.lora import LoRA
-
     instances, linst, arrays = _setup(config)
     states, m, b = _initial(config, linst)
 

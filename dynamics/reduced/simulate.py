@@ -11,16 +11,14 @@ import torch
 
 from hermite.activations_numba import act_code
 
+from ..assembly import rank_one_trajectory
 from ..config import RunConfig
-from ..observables import (
-    LOSS_EXACT,
-    assemble_trajectory,
-    initial_drift_sign,
-    loss_kind,
-)
+from ..losses import LOSS_EXACT, loss_kind
 from ..sampling import resolve_device, resolve_dtype, run_seed
-from ..trajectory import Trajectory, checkpoint_steps
+from ..theory_overlay import initial_drift_sign
+from ..trajectory import RunResult, Trajectory, checkpoint_steps
 from . import _kernel, glm_chain, rank_simulate, torch_chain
+from ._chain import Inst, Records, Runs, make_hyper
 from .params import ChainParams, pack_instances
 
 __all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced",
@@ -119,16 +117,17 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
     if backend == "numba-cuda":  # one thread per run, every step in one launch
         from . import cuda_kernel
 
-        advance = cuda_kernel.advance
+        advance = cuda_kernel.advance_runs
     else:
-        advance = _kernel.advance
+        advance = _kernel.advance_runs
+    hyp = make_hyper(config.project, config.joint_c, code, hp, dof, config.eta,
+                     config.step_size_c, config.batch, common["noise_sd"], n_steps,
+                     stop_level, stop_abs)
     with numba.parallel_chunksize(1):  # runs to threads one at a time (unequal costs)
-        advance(
-            config.project, config.joint_c, params.L, params.ident, params.prm,
-            params.inst_idx, code, hp, dof, float(config.eta), float(config.step_size_c),
-            config.batch, common["noise_sd"], states, mu, nu, pw, chat,
-            n_steps, np.asarray(cp, dtype=np.int64), rec["m"], rec["mu"], rec["nu"],
-            rec["pw"], rec["chat"], div, float(stop_level), stop_abs, hit)
+        advance(hyp, Inst(params.L, params.ident, params.prm, params.inst_idx),
+                Runs(states, mu, nu, pw, chat, div, hit),
+                Records(np.asarray(cp, dtype=np.int64), rec["m"], rec["mu"], rec["nu"],
+                        rec["pw"], rec["chat"]))
     rec["pw"] = rec["pw"] if not config.project else None
     rec["chat"] = rec["chat"] if config.joint_c else None
     return rec, div, hit
@@ -181,15 +180,15 @@ def _record(config, backend, steps, dof) -> Trajectory:
 
 
 def _trajectory(config, instances, steps, rec, div, m0, backend, device) -> Trajectory:
-    """Observables as the full engine records them (:mod:`dynamics.observables`)."""
+    """Observables as the full engine records them (:mod:`dynamics.assembly`)."""
     coords = None
     if loss_kind(config) != LOSS_EXACT or config.refit:
         pw = rec["pw"] if rec["pw"] is not None else np.zeros(rec["m"].shape + (instances[0].k,))
         coords = np.concatenate([pw, rec["mu"][..., None], rec["nu"][..., None]], -1)
-    return assemble_trajectory(config, instances, steps, rec["m"], rec["chat"], coords, div,
-                               m0, dtype=("float64" if backend.startswith("numba")
-                                          else config.dtype),
-                               device=device, engine=ENGINE)
+    records = {"overlap": rec["m"], "c_hat": rec["chat"], "coords": coords}
+    dtype = "float64" if backend.startswith("numba") else config.dtype
+    return rank_one_trajectory(RunResult(config, instances, steps, records, div, m0, device,
+                                         engine=ENGINE, dtype=dtype))
 
 
 def first_passage_reduced(config: RunConfig, level: float, max_steps: int | None = None, *,

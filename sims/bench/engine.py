@@ -13,14 +13,13 @@ import json
 import os
 import platform
 import statistics
-import time
 
 import click
 import torch
 
 from dynamics.config import RunConfig
-from dynamics.engine import FullRun
-from dynamics.sampling import NoiseSource, resolve_device, resolve_dtype
+from dynamics.sampling import resolve_device, resolve_dtype
+from sims.bench.rates import engine_rate, sampler_rate, sampling_rate
 
 __all__ = ["command", "measure"]
 
@@ -31,44 +30,6 @@ def _autograd_module():
     from sims.bench import autograd_loop
 
     return autograd_loop
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def engine_rate(config: RunConfig) -> float:
-    run = FullRun(config)
-    _sync(run.device)
-    t0 = time.perf_counter()
-    run.advance()
-    _sync(run.device)
-    return config.runs * config.steps / (time.perf_counter() - t0)
-
-
-def sampling_rate(runs, d, steps, device, dtype) -> float:
-    buf = torch.empty((runs, d), dtype=dtype, device=device)
-    buf.normal_()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        buf.normal_()
-    _sync(device)
-    return runs * steps / (time.perf_counter() - t0)
-
-
-def sampler_rate(runs, d, steps, device, dtype) -> float:
-    """The engine's own sampler alone, double-buffered: per-run generators (threaded) on CPU,
-    one shared generator on CUDA (the engine's ``streams = auto``)."""
-    with NoiseSource(0, runs, 1, d, device=device, dtype=dtype) as src:
-        sizes = [src.chunk_steps] * max(1, steps // src.chunk_steps)
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in src.chunks(sizes):
-            pass
-        _sync(device)
-    return runs * sum(sizes) / (time.perf_counter() - t0)
 
 
 def measure(d=2000, k=50, runs=256, steps=1024, autograd_steps=1000, dtype="float32",

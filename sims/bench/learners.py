@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dynamics.config import RunConfig
+from sims.bench.rates import engine_rate
 
 __all__ = ["LEARNER_CASES", "learner_rows"]
 
@@ -32,8 +33,6 @@ LEARNER_CASES = {
 def learner_rows(d: int, k: int, runs: int, steps: int, dtype: str, device: str,
                  repeats: int = 1) -> dict:
     """label → best-of-``repeats`` run-steps/s (or the one-line reason a case cannot run)."""
-    from sims.bench.engine import engine_rate
-
     spec = {"activation": "relu", "k": k, "d": d, "xi": 1.0, "W": "separated", "seed": 0}
     base = RunConfig(instance=spec, eta=0.05 / d, steps=steps, runs=runs, seed=0,
                      checkpoints=2, dtype=dtype, device=device, finite_d_theory=False)

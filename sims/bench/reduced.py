@@ -15,8 +15,8 @@ import numpy as np
 
 __all__ = ["measure_reduced", "scaling_workload", "SCALING_C"]
 
-# η = c/d per activation: ReLU and He₃ as in DESIGN.md; sigmoid and He₄ at the same
-# noise-to-signal ratio c·E[g²]/h(0.5) as He₃ at c = 0.002 (≈ 0.2, instance seed 3)
+# η = c/d per activation: ReLU and He₃ as in docs/conventions.md ("Choosing η"); sigmoid and
+# He₄ at the same noise-to-signal ratio c·E[g²]/h(0.5) as He₃ at c = 0.002 (≈ 0.2, instance seed 3)
 SCALING_C = {"relu": 0.05, "sigmoid": 1.0, "he3": 0.002, "he4": 0.0004}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import click
 import numpy as np
@@ -105,16 +106,55 @@ def _checkpoints(steps: int, count: int) -> np.ndarray:
     return np.unique(np.concatenate([[0], pts, [steps]]))
 
 
-def _corrected_payload(th, inst, eta, m0, ck, steps) -> dict:
+def _stages(progress: bool, names):
+    """A tqdm bar over named stages (only on a terminal), advanced by ``next(bar_iter)``."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(names), disable=not progress, leave=False, unit="stage")
+
+    def stages():
+        for name in names:
+            bar.set_description(name)
+            yield
+            bar.update(1)
+        bar.close()
+
+    return stages()
+
+
+def _corrected_payload(th, inst, eta, m0, ck, steps, progress=False) -> dict:
     """Noise-corrected map, floor, theory band and hitting times (issue 8) as JSON data."""
-    curve = th.corrected_ode(inst, eta, inst.d, m0, ck)
+    stage = _stages(progress, ["drift table", "corrected map", "theory band", "noise floor",
+                               "hitting times"])
+    next(stage)
+    th.drift_table(inst, eta, inst.d)
+    next(stage)
+    curve, blow = th.corrected_ode(inst, eta, inst.d, m0, ck, return_blowup=True)
+    next(stage)
     band = th.theory_band(inst, eta, inst.d, ck, m0=m0)
+    next(stage)
     floor, floor_se = th.noise_floor(inst, eta, inst.d)
+    next(stage)
     reach = {f"{lv:g}": [_finite_or_none(v) for v in th.corrected_steps_to_reach(
         inst, eta, inst.d, lv, m0, max_steps=steps)] for lv in LEVELS}
-    return {"d": inst.d, "m": curve.tolist(), "band_lower": band.lower.tolist(),
-            "band_upper": band.upper.tolist(), "noise_floor": floor,
-            "noise_floor_se": floor_se, "steps_to_reach": reach}
+    next(stage, None)
+    return {"d": inst.d, "m": _clean(curve), "band_lower": _clean(band.lower),
+            "band_upper": _clean(band.upper), "noise_floor": floor,
+            "noise_floor_se": floor_se, "steps_to_reach": reach,
+            "blowup_step": [None if b < 0 else int(b) for b in blow],
+            "band_blowup_step": None if band.blowup_step < 0 else int(band.blowup_step)}
+
+
+def _clean(a):
+    """Nested lists with NaN (a blown-up curve) as null: valid JSON."""
+    a = np.asarray(a, dtype=float)
+    if a.ndim == 0:
+        return _finite_or_none(a)
+    return [_clean(x) for x in a]
+
+
+def _fmt(v, spec):
+    return "nan" if v is None else format(v, spec)
 
 
 @hermite.command("ode")
@@ -150,7 +190,14 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, as_
                              f"{inst.u_perp:.6g}], got {v:g}")
     ck = _checkpoints(steps, checkpoints)
     table = th.HTable.for_instance(inst)
-    curve = th.population_ode(inst, eta, m0, ck, table=table)
+    from hermite.stability import step_limit
+
+    limit = step_limit(inst, eta, inst.d, table=table)
+    if limit is not None and limit.exceeded:
+        click.echo(f"warning: {limit.message('--eta')}", err=True)
+    progress = sys.stderr.isatty()
+    curve, blow = th.population_ode(inst, eta, m0, ck, table=table, progress=progress,
+                                    return_blowup=True)
     reach = {}
     reach_discrete = {}
     for level in LEVELS:
@@ -158,14 +205,23 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, as_
         reach[key] = [_finite_or_none(th.steps_to_reach(inst, eta, v, level)) for v in m0]
         reach_discrete[key] = [_finite_or_none(th.steps_to_reach(
             inst, eta, v, level, method="discrete", max_steps=steps, table=table)) for v in m0]
-    payload = {"eta": eta, "steps": ck.tolist(), "m0": m0.tolist(), "m": curve.tolist(),
+    payload = {"eta": eta, "steps": ck.tolist(), "m0": m0.tolist(), "m": _clean(curve),
                "h0_sign": th.h0_sign(inst), "u_perp": inst.u_perp,
                "steps_to_reach": reach, "steps_to_reach_discrete": reach_discrete,
-               "table_max_error": table.max_error}
+               "table_max_error": table.max_error,
+               "blowup_step": [None if b < 0 else int(b) for b in blow],
+               "step_limit": limit.to_dict() if limit is not None else None}
+    if (blow >= 0).any():
+        click.echo(f"warning: the population ODE blew up (|m| > 2u_perp) in {(blow >= 0).sum()}"
+                   f" of {blow.size} curve(s), first at step {blow[blow >= 0].min()}; NaN from "
+                   "there on (eta is beyond the map's stability limit)", err=True)
     if (corrected or target_eps is not None) and inst.d is None:
         raise ValueError("--corrected and --target-eps need key 'd' in the instance spec")
     if corrected:
-        payload["corrected"] = _corrected_payload(th, inst, eta, m0, ck, steps)
+        payload["corrected"] = c = _corrected_payload(th, inst, eta, m0, ck, steps, progress)
+        if any(b is not None for b in c["blowup_step"]) or c["band_blowup_step"] is not None:
+            click.echo("warning: the noise-corrected map or its theory band blew up; NaN from "
+                       "there on", err=True)
     if target_eps is not None:
         if not 0 < target_eps < 1:
             raise click.BadParameter(f"must lie in (0, 1), got {target_eps:g}",
@@ -178,7 +234,8 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, as_
         header = "".join(f"  {'m0=' + format(v, '+.4g'):<14}" for v in p["m0"])
         click.echo(f"{'step':>10}{header}")
         for i, t in enumerate(p["steps"]):
-            click.echo(f"{t:>10d}" + "".join(f"  {row[i]:<+14.8f}" for row in p["m"]))
+            click.echo(f"{t:>10d}" + "".join(f"  {_fmt(row[i], '<+14.8f'):<14}"
+                                              for row in p["m"]))
         for key in p["steps_to_reach"]:
             cont = ", ".join("never" if v is None else f"{v:.6g}" for v in p["steps_to_reach"][key])
             disc = ", ".join("not within horizon" if v is None else f"{v:.0f}"
@@ -189,8 +246,9 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, as_
             click.echo(f"noise-corrected map at d = {c['d']}: floor m_inf = "
                        f"{c['noise_floor']:.6g} +- {c['noise_floor_se']:.2g}")
             for i, t in enumerate(p["steps"]):
-                click.echo(f"{t:>10d}  corrected {c['m'][0][i]:<+12.8f} band "
-                           f"[{c['band_lower'][i]:+.4f}, {c['band_upper'][i]:+.4f}]")
+                click.echo(f"{t:>10d}  corrected {_fmt(c['m'][0][i], '<+12.8f')} band "
+                           f"[{_fmt(c['band_lower'][i], '+.4f')}, "
+                           f"{_fmt(c['band_upper'][i], '+.4f')}]")
             for key, vals in c["steps_to_reach"].items():
                 click.echo(f"corrected steps to reach |m| = {key}: " + ", ".join(
                     "never" if v is None else f"{v:.0f}" for v in vals))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from sims.io.outputs import Input, Output, check_outputs
 from sims.plots.curves import QUANTITIES, X_UNITS, lacking, load_curves, plot_curves, save_figure
 
 __all__ = ["plot"]
@@ -32,10 +33,14 @@ __all__ = ["plot"]
 @click.option("--title", default=None, help="Figure title [default: the shared instance].")
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="Output figure; format from the extension (.png, .pdf, .svg).")
-def plot(files, quantity, x, xscale, yscale, hue, facet, style, title, out):
+@click.option("--force", is_flag=True, help="Replace an existing --out file (refused "
+              "otherwise).")
+def plot(files, quantity, x, xscale, yscale, hue, facet, style, title, out, force):
     """Plot trajectory files (loradyn run) and sweep files (loradyn sweep)."""
     if Path(out).suffix.lower() not in (".png", ".pdf", ".svg"):
         raise click.BadParameter("extension must be .png, .pdf or .svg", param_hint="--out")
+    check_outputs([Output("--out", out, "figure")], [Input("FILES", f) for f in files],
+                  force=force)
     curves = load_curves(files)
     fig = plot_curves(curves, quantity=quantity, x=x, xscale=xscale, yscale=yscale, hue=hue,
                       facet=facet, style=style, title=title)

@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
 import click
 
-from sims.experiments.reproduce import CONVENTIONS, FIGURES, check_convention, update_readme
+from sims.commands.checks import check_sweep
+from sims.experiments.figures.recipe import with_convention
+from sims.experiments.reproduce import (
+    CONVENTIONS,
+    FIGURES,
+    check_convention,
+    check_learner,
+    figure_paths,
+    update_readme,
+)
 from sims.experiments.reproduce import reproduce as run_figure
+from sims.experiments.sweep_spec import parse_sweep
+from sims.io.outputs import Output, check_outputs
 
 __all__ = ["reproduce"]
 
@@ -32,7 +44,10 @@ __all__ = ["reproduce"]
               help="Model of every cell's instance: the theory's unit rows, or App. B's "
                    "(1/ξ)Σλσ(⟨vᵢ,x⟩) with vᵢ = s(wᵢ + ξcᵢu), s = k/(k+ξ²) (appB) or its "
                    "square root (appB-sqrt); finetune only, no ODE; files get _<convention>.")
-def reproduce(figures, quick, out_dir, scheduler, update, readme, convention):
+@click.option("--force", is_flag=True,
+              help="Replace a file in --out-dir that is not this figure's sweep file or "
+                   "figure (refused otherwise; a sweep file is resumed).")
+def reproduce(figures, quick, out_dir, scheduler, update, readme, convention, force):
     """Reproduce FIGURES (fig1 … fig6, or all) of the paper's App. B."""
     names = list(FIGURES) if "all" in figures else list(dict.fromkeys(figures))
     if "all" not in figures:  # an explicitly named figure the convention cannot run: refuse
@@ -40,6 +55,7 @@ def reproduce(figures, quick, out_dir, scheduler, update, readme, convention):
             check_convention(FIGURES[name], convention)
     else:
         names = [n for n in names if _runs(n, convention)]
+    _check_outputs(names, quick, out_dir, readme, convention, force)
     for name in names:
         result = run_figure(name, quick=quick, out_dir=out_dir, scheduler=scheduler,
                             update=update, echo=click.echo, progress=sys.stderr.isatty(),
@@ -51,6 +67,24 @@ def reproduce(figures, quick, out_dir, scheduler, update, readme, convention):
             ) + (f" --convention {convention}" if convention != "unit" else "")
             update_readme(out_dir, FIGURES[name], quick, result.png, command, result.timing(),
                           convention)
+
+
+def _check_outputs(names, quick, out_dir, readme, convention, force) -> None:
+    """Every figure's sweep file, figure and the README, and every recipe's memory, checked
+    before the first figure computes (sims.io.outputs, dynamics.budget)."""
+    outputs = []
+    for name in names:
+        h5, png = figure_paths(name, quick, out_dir, convention)
+        outputs += [Output("--out-dir", h5, "hdf5", "sweep"),
+                    Output("--out-dir", png, "figure", "derived", data=h5)]
+    if readme:
+        outputs.append(Output("--readme", Path(out_dir) / "README.md", "text", "edit"))
+    check_outputs(outputs, force=force)
+    for name in names:
+        recipe = FIGURES[name]
+        check_learner(recipe)
+        spec = parse_sweep(with_convention(recipe.sweep(quick), convention), source=None)
+        check_sweep(spec, figure_paths(name, quick, out_dir, convention)[0], force=force)
 
 
 def _runs(name: str, convention: str) -> bool:

@@ -10,11 +10,21 @@ import warnings
 import click
 import numpy as np
 
-from dynamics.config import ENGINES, INITS, LEARNERS, SPARSE_SELECTIONS, STREAMS, RunConfig
+from dynamics.config import ENGINES, LEARNERS, STREAMS, RunConfig
 from dynamics.defaults import ETA_C, default_eta, default_steps
 from dynamics.engine import simulate
 from dynamics.instance import build_instance, load_spec
-from sims.io.trajectory import check_writable, write_trajectory
+from sims.commands.checks import (
+    blowup_lines,
+    health,
+    health_text,
+    memory_guard,
+    preflight,
+    warn,
+)
+from sims.commands.learner_flags import given_options, learner_flags
+from sims.io.summary import quantity_summaries
+from sims.io.trajectory import write_trajectory
 from sims.plots.quick import instance_title, plot_overlap
 
 __all__ = ["run", "run_config", "summary_json"]
@@ -40,7 +50,8 @@ def run_config(spec_path, *, eta, steps, **options) -> tuple[RunConfig, list[str
 
 def summary_json(traj) -> dict:
     """{"steps", "overlap_mean", "overlap_std", "ode"[, "ode_corrected"]} over non-diverged
-    runs (null for NaN)."""
+    runs (null for NaN), plus the loss and every recorded quantity's summary
+    (:func:`sims.io.summary.quantity_summaries`)."""
     ok = ~traj.diverged
     ov = traj.overlap[ok] if ok.any() else np.full((1, traj.steps.size), np.nan)
     with warnings.catch_warnings():
@@ -57,13 +68,17 @@ def summary_json(traj) -> dict:
            "overlap_std": clean(std), "ode": clean(ode)}
     if corrected is not None:
         out["ode_corrected"] = clean(corrected)
+    out |= quantity_summaries(traj)  # loss and every recorded quantity (issue 18)
+    report = health(traj)  # present only when something went wrong (issue 16)
+    if report["left_sphere"] or report["flat"] or report["ode_blowup"]:
+        out["health"] = report
     return out
 
 
 def _summary_line(traj, notes) -> str:
     s = traj.summary()
     t05 = s["median_steps_to_0.5"]
-    parts = [f"runs {s['runs']} ({s['diverged']} diverged)",
+    parts = [f"runs {s['runs']} ({health_text(traj)})",
              f"median overlap at step {int(traj.steps[-1])}: {s['median_final_overlap']:.4f}",
              f"past 0.9: {100 * s['fraction_past_0.9']:.0f}%",
              "median steps to 0.5: " + (f"{t05:.0f}" if math.isfinite(t05) else "not reached")]
@@ -76,27 +91,7 @@ def _summary_line(traj, notes) -> str:
               help="Learner: finetune (rank-1 LoRA, eq. 4), lora (rank r), linearized "
                    "(NTK), scratch, scratch-csq, sparse (S²FT), glm, moment.",
               metavar="|".join(LEARNERS))
-@click.option("--rank", type=int, default=1,
-              help="Rank r of the lora learner (teacher C: spec keys C, spectrum, C_hat).")
-@click.option("--retraction", type=click.Choice(["polar", "qr"]), default="polar",
-              help="Stiefel retraction of the lora learner.")
-@click.option("--prox", type=float, default=0.0,
-              help="Proximal regularisation prox·‖Δ‖² toward the base (finetune, linearized).")
-@click.option("--full-rank", is_flag=True, help="linearized: full-rank Δ (NTK of full FT).")
-@click.option("--width", type=int, default=None, help="scratch: student width k′ [k].")
-@click.option("--train-second-layer", is_flag=True, help="scratch: also train λ̂.")
-@click.option("--moment-order", type=click.IntRange(1, 2), default=1,
-              help="moment: 1 (Stein first order) or 2 (top eigenvector).")
-@click.option("--sparse-rows", type=int, default=None,
-              help="sparse: rows tuned [⌈(k+d)/d⌉, rank-1 LoRA's parameter budget].")
-@click.option("--sparse-select", type=click.Choice(SPARSE_SELECTIONS), default="lambda",
-              help="sparse: rows of largest |λᵢ| or random rows.")
-@click.option("--refit", is_flag=True,
-              help="Refit the second layer on σ(⟨wᵢ ± ξ/√k û, x⟩) features (App. F.2).")
-@click.option("--refit-samples", type=int, default=20_000, help="Examples of the refit.")
-@click.option("--joint-c", is_flag=True, help="Train ĉ jointly with û (plain SGD).")
-@click.option("--eta-c", type=float, default=None, help="Step size of ĉ (default: --eta).")
-@click.option("--no-project", is_flag=True, help="Do not apply Π onto span(W)^⊥ (App. B).")
+@learner_flags
 @click.option("--eta", type=float, default=None,
               help=f"Step size η [default: c/d, c ≤ {ETA_C} from the instance's noise floor].")
 @click.option("--steps", type=int, default=None,
@@ -105,7 +100,6 @@ def _summary_line(traj, notes) -> str:
 @click.option("--seed", type=int, default=0, help="Master seed.")
 @click.option("--batch", type=int, default=1, help="Mini-batch size b.")
 @click.option("--label-noise", type=float, default=0.0, help="Variance of label noise.")
-@click.option("--init", type=click.Choice(INITS), default="uniform", help="Initial û.")
 @click.option("--checkpoints", type=int, default=60, help="Number of checkpoints.")
 @click.option("--spacing", type=click.Choice(["log", "linear"]), default="log",
               help="Checkpoint spacing.")
@@ -126,31 +120,28 @@ def _summary_line(traj, notes) -> str:
 @click.option("--out", required=True,
               help="Output HDF5 file (written atomically).")
 @click.option("--plot", default=None,
-              help="Also write an overlap-vs-steps PNG.")
+              help="Also write an overlap-vs-steps figure (.png, .pdf or .svg).")
+@click.option("--force", is_flag=True,
+              help="Replace an existing --out / --plot file (refused otherwise).")
 @click.option("--finite-d-theory/--no-finite-d-theory", default=True,
               help="Also record the noise-corrected ODE and the theory band (frozen ĉ, "
                    "projected, b = 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the mean curve as JSON.")
-def run(spec, learner, rank, retraction, prox, full_rank, width, train_second_layer, moment_order,
-        sparse_rows, sparse_select, refit, refit_samples, joint_c, eta_c, no_project, eta,
-        steps, runs, seed, batch, label_noise, init, checkpoints, spacing, xi_values,
-        instance_seeds, dtype, device, engine, streams, out, plot, finite_d_theory, as_json):
+def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, spacing,
+        xi_values, instance_seeds, dtype, device, engine, streams, out, plot, finite_d_theory,
+        as_json, force=False, **options):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
     config, notes = run_config(
-        spec, eta=eta, steps=steps, learner=learner, joint_c=joint_c, eta_c=eta_c,
-        project=not no_project, runs=runs, seed=seed, batch=batch, label_noise=label_noise,
-        init=init, checkpoints=checkpoints, spacing=spacing,
+        spec, eta=eta, steps=steps, learner=learner, runs=runs, seed=seed, batch=batch,
+        label_noise=label_noise, checkpoints=checkpoints, spacing=spacing,
         xi_values=list(xi_values) or None, instance_seeds=instance_seeds, dtype=dtype,
         device=device, engine=engine, streams=streams, finite_d_theory=finite_d_theory,
-        rank=rank,
-        retraction=retraction, prox=prox,
-        full_rank=full_rank, width=width, train_second_layer=train_second_layer,
-        moment_order=moment_order, sparse_rows=sparse_rows, sparse_select=sparse_select,
-        refit=refit, refit_samples=refit_samples)
-    check_writable(out)
-    if plot:
-        check_writable(plot)
-    traj = simulate(config, progress=sys.stderr.isatty())
+        **given_options(click.get_current_context(), options, learner))
+    preflight(spec, config, out=out, plot=plot, force=force)  # before any compute
+    with memory_guard():
+        traj = simulate(config, progress=sys.stderr.isatty())
+    for line in blowup_lines(health(traj)):
+        warn(line)
     write_trajectory(out, traj, config, config.run_instances())
     if plot:
         plot_overlap(traj, plot, instance_title(config))

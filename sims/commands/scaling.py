@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from dynamics.config import ENGINES
+from sims.commands.checks import check_sweep
 from sims.commands.sweep import default_out
 from sims.experiments.scaling import (
     analyse,
@@ -19,6 +20,7 @@ from sims.experiments.scaling import (
     write_scaling,
 )
 from sims.experiments.sweep import run_sweep
+from sims.io.outputs import Input, Output, check_outputs
 from sims.plots.curves import save_figure
 
 __all__ = ["scaling", "parse_range"]
@@ -57,7 +59,11 @@ def parse_range(value: str | None):
 @click.option("--engine", type=click.Choice(ENGINES), default=None,
               help="Engine of every cell, overriding the spec's [base] engine.")
 @click.option("--json", "as_json", is_flag=True, help="Also print the fits as JSON.")
-def scaling(spec, out, plot_path, expect_slope, target, scheduler, update, engine, as_json):
+@click.option("--force", is_flag=True,
+              help="Replace an existing --out that is not a sweep file, or a --plot that is "
+                   "not the figure of an existing --out (refused otherwise).")
+def scaling(spec, out, plot_path, expect_slope, target, scheduler, update, engine, as_json,
+            force):
     """Measure hitting times over the d grid of SPEC and fit T ∝ d^b."""
     bounds = parse_range(expect_slope)
     parsed = load_scaling(spec)
@@ -67,6 +73,10 @@ def scaling(spec, out, plot_path, expect_slope, target, scheduler, update, engin
     plot_path = Path(plot_path) if plot_path else out.with_suffix(".png")
     if plot_path.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise click.BadParameter("extension must be .png, .pdf or .svg", param_hint="--plot")
+    check_outputs([Output("--out", out, "hdf5", "sweep"),
+                   Output("--plot", plot_path, "figure", "derived", data=out)],
+                  [Input("SPEC", spec)], force=force)
+    check_sweep(parsed.sweep, out, force=force)
     run_sweep(parsed.sweep, out, scheduler=scheduler, update=update,
               progress=sys.stderr.isatty(), echo=click.echo)
     result = analyse(out, parsed)

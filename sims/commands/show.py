@@ -1,15 +1,18 @@
-"""``loradyn show FILE.h5``: what a trajectory file holds (provenance, config, summary)."""
+"""``loradyn show FILE.h5``: what a trajectory file or a sweep file holds (provenance, config,
+summary; for a sweep: its axes, how many of its cells are finished, one line per cell)."""
 
 from __future__ import annotations
 
 import json
 
 import click
+import h5py
 
 from sims.commands.run import summary_json
+from sims.io.sweep import SWEEP_FORMAT, file_format, read_sweep
 from sims.io.trajectory import read_trajectory
 
-__all__ = ["show", "describe"]
+__all__ = ["show", "describe", "describe_sweep"]
 
 HEADER = ("format", "format_version", "loradyn_version", "git_commit", "created", "engine",
           "learner", "dtype", "device", "loss_kind", "seed")
@@ -25,11 +28,67 @@ def describe(path) -> dict:
     return out
 
 
+SWEEP_HEADER = ("format", "format_version", "loradyn_version", "git_commit", "created")
+
+
+def describe_sweep(path) -> dict:
+    """Provenance, axes, completeness and one entry per finished cell of a sweep file."""
+    meta, cells = read_sweep(path)
+    sweep = meta.get("sweep") or {}
+    total = int(meta.get("n_cells", len(cells)))
+    out = {key: meta.get(key) for key in SWEEP_HEADER}
+    out.update(name=sweep.get("name"), axes=meta.get("dimensions") or {}, cells=total,
+               finished=len(cells), missing=total - len(cells),
+               complete=bool(meta.get("complete", False)), cell_dir=meta.get("cell_dir"),
+               first_passage=sweep.get("first_passage") or [],
+               trajectory=sweep.get("trajectory", True))
+    with h5py.File(path, "r") as f:
+        if "scaling" in f:
+            fits = f["scaling"].attrs.get("fits")
+            out["scaling"] = json.loads(fits) if fits else {}
+    out["cell_list"] = [{
+        "name": c.name, "index": int(c.meta.get("cell_index", -1)), "axes": c.axes,
+        "learner": c.config.get("learner"), "engine": c.meta.get("engine"),
+        "runs": int(c.traj.runs), "steps": int(c.traj.steps[-1]),
+        "summary": c.traj.summary()} for c in cells]
+    return out
+
+
+def _show_sweep(file, as_json) -> None:
+    info = describe_sweep(file)
+    if as_json:
+        click.echo(json.dumps(info, default=str))
+        return
+    for key in SWEEP_HEADER:
+        click.echo(f"{key:16s} {info[key]}")
+    click.echo(f"{'sweep':16s} {info['name']}")
+    axes = "; ".join(f"{k} = {v}" for k, v in info["axes"].items()) or "(none)"
+    click.echo(f"{'axes':16s} {axes}")
+    state = ("complete" if info["complete"] else
+             f"incomplete: {info['missing']} to run (rerun loradyn sweep on its spec to resume)")
+    click.echo(f"{'cells':16s} {info['finished']} of {info['cells']} finished ({state}); "
+               f"cell files in {info['cell_dir']}/")
+    if "scaling" in info:
+        click.echo(f"{'scaling':16s} " + json.dumps(info["scaling"], default=str))
+    for cell in info["cell_list"]:
+        s = cell["summary"]
+        axes = " ".join(f"{k}={v}" for k, v in cell["axes"].items())
+        t05 = s["median_steps_to_0.5"]
+        click.echo(f"{cell['name']:16s} {axes}  {cell['learner']}/{cell['engine']}, "
+                   f"runs {cell['runs']} ({s['diverged']} diverged), steps {cell['steps']}, "
+                   f"median final overlap {s['median_final_overlap']:.4g}, median steps to "
+                   f"0.5 " + (f"{t05:.0f}" if t05 == t05 else "not reached"))
+
+
 @click.command("show")
 @click.argument("file")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
 def show(file, as_json):
-    """Describe the trajectory FILE (.h5 written by `loradyn run`)."""
+    """Describe FILE: a trajectory file (`loradyn run`) or a sweep file (`loradyn sweep`,
+    `scaling`, `reproduce`)."""
+    if file_format(file) == SWEEP_FORMAT:
+        _show_sweep(file, as_json)
+        return
     info = describe(file)
     if as_json:
         traj, _ = read_trajectory(file)
@@ -43,7 +102,7 @@ def show(file, as_json):
     click.echo(f"{'instance':16s} {json.dumps(spec, sort_keys=True)}")
     keys = ("eta", "eta_c", "steps", "runs", "batch", "label_noise", "init", "joint_c",
             "project", "xi_values", "instance_seeds")
-    click.echo(f"{'run':16s} " + ", ".join(f"{k}={cfg.get(k)}" for k in keys))
+    click.echo(f"{'run':16s} " + ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg))
     for name, shape in info["datasets"].items():
         click.echo(f"{'dataset':16s} {name} {tuple(shape)}")
     s = info["summary"]

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import click
 
+from sims.commands.checks import check_sweep
 from sims.experiments.sweep import run_sweep
 from sims.experiments.sweep_batch import MAX_BATCH_RUNS
 from sims.experiments.sweep_spec import load_sweep
+from sims.io.outputs import Input, Output, check_outputs
 
 __all__ = ["sweep", "default_out"]
 
@@ -36,7 +38,10 @@ def default_out(spec_path) -> Path:
               help="Resume even if finished cells no longer match the sweep file (they stay "
                    "in <out>.cells/ but leave the sweep file; the changed cells are computed).")
 @click.option("--dry-run", is_flag=True, help="List the cells and exit.")
-def sweep(spec, out, scheduler, no_batch, max_batch_runs, update, dry_run):
+@click.option("--force", is_flag=True,
+              help="Replace an existing --out file that is not a sweep file (refused "
+                   "otherwise; a sweep file is always resumed, never replaced).")
+def sweep(spec, out, scheduler, no_batch, max_batch_runs, update, dry_run, force):
     """Run (or resume) the sweep described by SPEC (TOML; see docs/sweeps.md)."""
     parsed = load_sweep(spec)
     out = Path(out) if out else default_out(spec)
@@ -44,6 +49,8 @@ def sweep(spec, out, scheduler, no_batch, max_batch_runs, update, dry_run):
         for cell in parsed.cells():
             click.echo(f"{cell.name}  {cell.hash[:12]}  {cell.label}")
         return
+    check_outputs([Output("--out", out, "hdf5", "sweep")], [Input("SPEC", spec)], force=force)
+    check_sweep(parsed, out, batch=not no_batch, max_batch_runs=max_batch_runs, force=force)
     result = run_sweep(parsed, out, scheduler=scheduler, batch=not no_batch,
                        max_batch_runs=max_batch_runs, update=update,
                        progress=sys.stderr.isatty(), echo=click.echo)

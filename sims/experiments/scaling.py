@@ -1,8 +1,8 @@
 """Dimension scaling of hitting times: T ∝ d^b for a learner on an instance family.
 
 A scaling file (TOML) has a ``[scaling]`` table — the grid ``d``, the step-size constant ``c``
-(η = c/d, DESIGN.md "Choosing η"), the horizon ``H`` (steps = H·d), the weak-recovery
-``level`` and the strong-recovery ``epsilon``; optionally ``eta_exponent`` a and
+(η = c/d; docs/conventions.md, "Choosing η"), the horizon ``H`` (steps = H·d), the
+weak-recovery ``level`` and the strong-recovery ``epsilon``; optionally ``eta_exponent`` a and
 ``horizon_exponent`` e (η = c/d^a, steps = H·d^e, both 1 by default: e.g. a = 3/2, e = 2 for
 the glm learner with information exponent 3, whose online SGD needs T ∝ d² with η ∝ d^{−3/2},
 Ben Arous et al. 2021) — and the ``[base]``/``[base.instance]`` tables

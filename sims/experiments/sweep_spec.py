@@ -21,6 +21,7 @@ import tomllib
 
 from dynamics.config import RunConfig
 from dynamics.instance import SPEC_KEYS, load_spec
+from dynamics.learners.options import all_options
 
 __all__ = [
     "SweepSpecError",
@@ -36,8 +37,10 @@ __all__ = [
 SWEEP_FORMAT_VERSION = 1  # part of every cell hash: bump when a cell's meaning changes
 # axis name → instance spec key ("instance_seed" is the instance's own seed)
 INSTANCE_AXES = {k: k for k in SPEC_KEYS if k not in ("seed", "gram")} | {"instance_seed": "seed"}
+# the shared run fields, then every learner's options (a cell's learner must take the ones it sets)
 _CONFIG_FIELDS = tuple(f for f in RunConfig.__dataclass_fields__
-                       if f not in ("instance", "xi_values", "extra"))
+                       if f not in ("instance", "xi_values", "options", "extra")) \
+    + tuple(all_options())
 # η = eta_times_d / d^a, steps = steps_per_d · d^e, with a = eta_d_exponent and
 # e = steps_d_exponent (both 1 unless given; an exponent needs its base key)
 DERIVED = ("eta_times_d", "steps_per_d", "eta_d_exponent", "steps_d_exponent")
@@ -192,19 +195,22 @@ def _is_number(x) -> bool:
 
 
 def _defaults() -> dict:
+    """Default of every key of ``RunConfig.to_dict()``: shared fields and learner options."""
     out = {}
     for name, f in RunConfig.__dataclass_fields__.items():
+        if name == "options":
+            continue
         if f.default is not MISSING:
             out[name] = f.default
         elif f.default_factory is not MISSING:
             out[name] = f.default_factory()
-    return out
+    return out | {name: spec.default for name, spec in all_options().items()}
 
 
 def cell_hash(config: RunConfig, first_passage=(), absolute=True, trajectory=True) -> str:
-    """sha256 of the resolved cell: format version, the config's fields that differ from
-    RunConfig's defaults (so a loradyn that adds a field keeps finished cells), the
-    first-passage levels, and ``trajectory`` when False."""
+    """sha256 of the resolved cell: format version, the config's fields and learner options
+    that differ from their defaults (so a loradyn that adds a field or an option keeps
+    finished cells), the first-passage levels, and ``trajectory`` when False."""
     defaults = _defaults()
     data = {k: v for k, v in config.to_dict().items()
             if k not in defaults or v != defaults[k]}

@@ -36,6 +36,7 @@ from sims.io.trajectory import (
     open_hdf5,
     package_version,
     plain_attrs,
+    read_dataset,
     write_trajectory,
 )
 
@@ -228,10 +229,12 @@ def file_format(path) -> str:
 TRAJ_FIELDS = {f.name for f in fields(Trajectory)}
 
 
-def _trajectory(g, meta: dict) -> Trajectory:
+def _trajectory(g, meta: dict, path=None) -> Trajectory:
     """A Trajectory from a cell group (every schema dataset that is a Trajectory field)."""
-    arrays = {n: g[n][()] for n in DATASETS if n in g and n in TRAJ_FIELDS}
-    extra = {n: g["extra"][n][()] for n in g["extra"]} if "extra" in g else {}
+    path = path or g.file.filename
+    arrays = {n: read_dataset(path, g, n) for n in DATASETS if n in g and n in TRAJ_FIELDS}
+    extra = ({n: read_dataset(path, g["extra"], n) for n in g["extra"]}
+             if "extra" in g else {})
     return Trajectory(**arrays, loss_kind=meta.get("loss_kind", "exact"),
                       dtype=meta.get("dtype", "float64"), device=meta.get("device", "cpu"),
                       engine=meta.get("engine", "full"), extra=extra)
@@ -256,5 +259,5 @@ def read_sweep(path) -> tuple[dict, list[SweepCellData]]:
             cmeta = plain_attrs(g)
             config = json.loads(cmeta.pop("config"))
             axes = json.loads(cmeta.pop("axes"))
-            cells.append(SweepCellData(name, axes, config, _trajectory(g, cmeta), cmeta))
+            cells.append(SweepCellData(name, axes, config, _trajectory(g, cmeta, path), cmeta))
     return meta, cells

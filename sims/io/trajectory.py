@@ -6,6 +6,13 @@ device, engine, learner, loss kind); datasets hold the checkpoint steps and per-
 with the run axis first. A file is first written under a temporary name in the target's
 directory and moved into place with ``os.replace`` only once complete, so an interrupted run
 never leaves a file that looks complete and never destroys an existing good one.
+
+Every array is stored chunked with a Fletcher-32 checksum (issue 16): a file whose bytes were
+damaged inside a dataset fails to read with a one-line :class:`TrajectoryFileError` naming the
+file and the dataset, instead of reading back wrong numbers. Files written before (contiguous,
+no checksum) read as before. A theory curve that blew up (``hermite.ode``: NaN after a finite
+value, in runs that did not diverge there) carries the attributes ``blowup_runs`` and
+``blowup_step`` (the first checkpoint step that is NaN).
 """
 
 from __future__ import annotations
@@ -35,12 +42,17 @@ __all__ = [
     "package_version",
     "plain_attrs",
     "open_hdf5",
+    "read_dataset",
+    "create_checked",
+    "blowups",
+    "CHECKSUM",
 ]
 
 # ---------------------------------------------------------------- constants (one place)
 FORMAT = "loradyn-trajectory"
 FORMAT_VERSION = 1  # bump on incompatible schema changes; independent of the package version
 COMPLETE_ATTR = "complete"  # written last
+CHECKSUM = True  # Fletcher-32 per chunk on every array (files before issue 16 have none)
 FLOAT = np.float64
 INT = np.int64
 # name → (dtype, axes, description); c_overlap and m0 are optional
@@ -123,12 +135,42 @@ def write_info(f: h5py.File, meta: dict) -> None:
         f.attrs[key] = val
 
 
+def create_checked(group, name: str, data) -> h5py.Dataset:
+    """A dataset with a Fletcher-32 checksum per chunk (a corrupted chunk then fails to read,
+    :func:`read_dataset`); empty and scalar data, which cannot be chunked, are stored plain."""
+    data = np.asarray(data)
+    checked = CHECKSUM and data.ndim >= 1 and data.size > 0 and data.dtype.kind in "biufc"
+    return group.create_dataset(name, data=data, fletcher32=bool(checked))
+
+
 def write_array(f: h5py.File, name: str, data) -> None:
     """One dataset of the schema, cast to its declared dtype, with its description."""
     dtype, axes, text = DATASETS[name]
-    ds = f.create_dataset(name, data=np.asarray(data, dtype=dtype))
+    ds = create_checked(f, name, np.asarray(data, dtype=dtype))
     ds.attrs["axes"] = axes
     ds.attrs["description"] = text
+
+
+def blowups(traj: Trajectory) -> dict:
+    """Theory curves that blew up (``hermite.ode``: NaN after a finite value) in runs that did
+    not diverge there: name → (runs, first checkpoint step)."""
+    from hermite.ode import blowup_index
+
+    out = {}
+    for name in ("ode", "ode_corrected", "band_lower", "band_upper"):
+        curve = getattr(traj, name, None)
+        if curve is None or np.ndim(curve) != 2:
+            continue
+        idx = blowup_index(curve)
+        hit = idx >= 0
+        if not hit.any():
+            continue
+        at = traj.steps[np.where(hit, idx, 0)]
+        ds = traj.diverged_step
+        hit &= ~((ds >= 0) & (at >= ds))  # NaN because the run itself diverged: not the ODE
+        if hit.any():
+            out[name] = (int(hit.sum()), int(at[hit].min()))
+    return out
 
 
 def check_writable(path) -> Path:
@@ -178,8 +220,11 @@ def write_trajectory(path, traj: Trajectory, config, instances, *, created: str 
                 data = _dataset_value(traj, name, index)
                 if data is not None:
                     write_array(f, name, data)
+            for name, (runs, step) in blowups(traj).items():
+                f[name].attrs["blowup_runs"] = runs
+                f[name].attrs["blowup_step"] = step
             for name, arr in traj.extra.items():
-                f.create_dataset(f"extra/{name}", data=np.asarray(arr))
+                create_checked(f, f"extra/{name}", arr)
             f.attrs[COMPLETE_ATTR] = True
         os.chmod(tmp, _default_mode())  # mkstemp creates 0600; give the file umask rights
         os.replace(tmp, path)
@@ -230,6 +275,20 @@ def _check(f: h5py.File, path) -> None:
         raise TrajectoryFileError(f"{path} lacks dataset '{missing[0]}' (damaged file)")
 
 
+def read_dataset(path, group, name: str) -> np.ndarray:
+    """``group[name][()]``; a failed read (a chunk whose Fletcher-32 checksum does not match,
+    a damaged chunk index) is a one-line :class:`TrajectoryFileError` naming file and
+    dataset."""
+    try:
+        return group[name][()]
+    except (OSError, KeyError, ValueError) as exc:
+        where = f"{group.name.rstrip('/')}/{name}".lstrip("/")
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "filter" in reason.lower() or "checksum" in reason.lower():
+            reason = "checksum mismatch: the file is corrupted"
+        raise TrajectoryFileError(f"{path}: cannot read dataset '{where}' ({reason})") from None
+
+
 def plain_attrs(obj) -> dict:
     """HDF5 attributes of a file or group as plain Python values (bytes decoded)."""
     out = {}
@@ -261,11 +320,9 @@ def read_trajectory(path) -> tuple[Trajectory, dict]:
     with open_hdf5(path) as f:
         _check(f, path)
         meta = _attrs(f)
-        try:
-            arrays = {n: f[n][()] for n in DATASETS if n in f}
-            extra = {n: f["extra"][n][()] for n in f["extra"]} if "extra" in f else {}
-        except (OSError, KeyError) as exc:
-            raise TrajectoryFileError(f"{path}: cannot read datasets ({exc})") from None
+        arrays = {n: read_dataset(path, f, n) for n in DATASETS if n in f}
+        extra = ({n: read_dataset(path, f["extra"], n) for n in f["extra"]}
+                 if "extra" in f else {})
     meta["datasets"] = {n: list(a.shape) for n, a in arrays.items()}
     traj = Trajectory(
         steps=arrays["steps"], overlap=arrays["overlap"], loss=arrays["loss"],

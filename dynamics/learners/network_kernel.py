@@ -1,0 +1,369 @@
+"""Compiled chunk steps of the O(k′d) learners: a whole chunk of SGD steps in one call.
+
+The learners of rows (``scratch``, ``scratch-csq``, ``sparse``: :mod:`.network`) and the
+full-rank ``linearized`` (:mod:`.linearized`) cost O(k′d) per step and run. Their torch step
+(``step_prepared_``, kept as the reference) issues ~30 small ops per step, allocates the
+(R, k′, d) gradient and reads it twice. Here one numba call advances every run through every
+step of a chunk (``prange`` over runs: one run's steps are sequential, runs are independent),
+on the same examples (the engine's per-run streams, so the same numbers up to rounding) and
+with the same update, row by row, so a row (d numbers) stays in L1 while it is updated and
+dotted with the next example:
+
+- rows (:func:`network_chunk`): with δ (b, k′) the per-example coefficients of the module
+  docstring of :mod:`.network`, Gⱼ = Σ_b δ_bj x_b / b is never formed: ⟨ŵⱼ, Gⱼ⟩ =
+  Σ_b δ_bj a_bj / b, ‖Gⱼ‖² = δⱼᵀ (XXᵀ) δⱼ / b² from the b×b Gram of the examples (δⱼ²‖x‖² at
+  b = 1), and ŵⱼ ← αⱼ ŵⱼ − Σ_b cⱼ δ_bj x_b / b with αⱼ = (1 + ηⱼ⟨ŵⱼ,Gⱼ⟩)/nⱼ and
+  cⱼ = ηⱼ/nⱼ; the next step's aⱼ = ⟨ŵⱼ, x′⟩ is taken while the new row is in L1. Rows with
+  ηⱼ = 0 (frozen by the mask, or a diverged run) are never written; the aⱼ of rows frozen by
+  the mask can come precomputed for the whole chunk (one batched GEMM, ``a_pre``).
+- full-rank Δ (:func:`linear_chunk`): Δⱼ ← (1 − 2η·prox)Δⱼ + η Σ_b coef_bj Π(x_b − z_bj wⱼ).
+
+Reductions are vectorised (fastmath reassociation only: NaN and ∞ keep their IEEE meaning, so
+a diverged step still reads non-finite in the health value). Arrays are float64 or float32
+(the same compiled code, one specialisation per dtype).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import numba
+import numpy as np
+import torch
+from numba import njit, prange
+
+from hermite.activations import get_activation
+from hermite.activations_numba import act_code, sigma_and_deriv
+
+__all__ = ["network_chunk", "linear_chunk", "kernel_activation", "examples_view",
+           "use_parallel"]
+
+# reassociation (vectorised reductions) and contraction (FMA); no nnan/ninf: NaN must survive
+_FM = {"reassoc", "contract", "nsz"}
+
+
+def _drop_stale_cache() -> None:
+    """Numba keys a cache entry on this file only; σ lives in hermite/activations_numba.py,
+    so drop this module's cache whenever either source changed."""
+    here = Path(__file__)
+    import hermite.activations_numba as hn
+
+    digest = hashlib.sha256(here.read_bytes() + Path(hn.__file__).read_bytes()).hexdigest()
+    cache = here.parent / "__pycache__"
+    stamp = cache / "network_kernel.sha256"
+    try:
+        if stamp.read_text() == digest:
+            return
+    except OSError:
+        pass
+    try:
+        for f in list(cache.glob("network_kernel.*.nbi")) + list(
+                cache.glob("network_kernel.*.nbc")):
+            f.unlink(missing_ok=True)
+        cache.mkdir(exist_ok=True)
+        stamp.write_text(digest)
+    except OSError:  # read-only install: numba recompiles in memory
+        pass
+
+
+_drop_stale_cache()
+
+
+def kernel_activation(activation) -> tuple[int, int] | None:
+    """(code, p) of a registry activation for the compiled σ, σ′; None for a user's σ."""
+    theory = getattr(activation, "theory", activation)
+    code = act_code(theory.name)
+    if code is None:
+        return None
+    try:
+        registry = get_activation(theory.name)
+    except (KeyError, ValueError):
+        return None
+    return code if registry.fn is theory.fn else None
+
+
+def examples_view(x: torch.Tensor):
+    """(flat 1-D numpy view of x's storage, offset, strides (R, n, b)) of a CPU tensor
+    x (R, n, b, d) whose last axis is contiguous: example (r, i, β) is
+    flat[off + r·s0 + i·s1 + β·s2 :][:d], a contiguous slice (vectorised loops)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    span = 1 + sum((size - 1) * stride for size, stride in zip(x.shape, x.stride(), strict=True))
+    flat = torch.as_strided(x, (span,), (1,))
+    s0, s1, s2, _ = x.stride()
+    return flat.numpy(), 0, s0, s1, s2
+
+
+def use_parallel(runs: int) -> bool:
+    """Whether to run the ``prange`` driver (more than one run and numba thread)."""
+    return runs > 1 and numba.get_num_threads() > 1
+
+
+# ---------------------------------------------------------------------------- helpers
+@njit(cache=True, fastmath=_FM, inline="always")
+def _dot(u, v, d):
+    s = 0.0
+    for t in range(d):
+        s += u[t] * v[t]
+    return s
+
+
+# ---------------------------------------------------------------------------- rows
+@njit(cache=True, fastmath=_FM)
+def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
+                 has_pre, code, p, correlation, train, norms):
+    """All n steps of run r (see :func:`network_chunk`)."""
+    kp, d = rows.shape[1], rows.shape[2]
+    b = y.shape[2]
+    inv_b = 1.0 / b
+    eta, eta_c = eta_r[r], eta_c_r[r]
+    a = np.empty((b, kp))
+    a_next = np.empty((b, kp))
+    sa = np.empty((b, kp))
+    delta = np.empty((b, kp))
+    outer = np.empty(b)
+    gram = np.empty((b, b))
+    base = off + r * s0
+    for beta in range(b):  # a of step 0
+        o = base + beta * s2
+        for j in range(kp):
+            if has_pre and not mask[r, j]:
+                a[beta, j] = a_pre[r, 0, beta, j]
+            else:
+                a[beta, j] = _dot(rows[r, j], xf[o: o + d], d)
+    for i in range(n):
+        oi = base + i * s1
+        for beta in range(b):  # Gram of the step's examples
+            xb = xf[oi + beta * s2: oi + beta * s2 + d]
+            for g in range(beta + 1):
+                v = _dot(xb, xf[oi + g * s2: oi + g * s2 + d], d)
+                gram[beta, g] = v
+                gram[g, beta] = v
+        for beta in range(b):
+            f_hat = 0.0
+            for j in range(kp):
+                s, _ = sigma_and_deriv(a[beta, j], code, p)
+                sa[beta, j] = s
+                f_hat += lam[r, j] * s
+            yb = y[r, i, beta]
+            if correlation:
+                outer[beta] = -yb
+            else:
+                outer[beta] = -2.0 * (yb - f_hat)
+            for j in range(kp):
+                _, ds = sigma_and_deriv(a[beta, j], code, p)
+                delta[beta, j] = outer[beta] * lam[r, j] * ds
+        health = np.inf  # minⱼ 1/nⱼ; NaN, once seen, sticks (as torch's amin)
+        has_next = i + 1 < n
+        on = base + (i + 1) * s1
+        for j in range(kp):
+            ej = eta if mask[r, j] else 0.0
+            ug = 0.0
+            g2 = 0.0
+            for beta in range(b):
+                ug += delta[beta, j] * a[beta, j]
+                row_g = 0.0
+                for g in range(b):
+                    row_g += gram[beta, g] * delta[g, j]
+                g2 += delta[beta, j] * row_g
+            ug *= inv_b
+            g2 *= inv_b * inv_b
+            inv = 1.0 / math.sqrt(1.0 + ej * ej * (g2 - ug * ug))
+            if health == health and (inv < health or inv != inv):
+                health = inv
+            row = rows[r, j]
+            pre_j = has_pre and not mask[r, j]
+            if ej != 0.0 and b == 1 and has_next and not pre_j:
+                # one pass: the update and the next step's aⱼ (x′ = the next example)
+                alpha = inv + inv * (ej * ug)
+                c0 = ej * inv * delta[0, j]
+                x0 = xf[oi: oi + d]
+                x1 = xf[on: on + d]
+                acc = 0.0
+                for t in range(d):
+                    v = alpha * row[t] - c0 * x0[t]
+                    row[t] = v
+                    acc += v * x1[t]
+                a_next[0, j] = acc
+                continue
+            if ej != 0.0:
+                alpha = inv + inv * (ej * ug)
+                c0 = ej * inv * delta[0, j] * inv_b
+                x0 = xf[oi: oi + d]
+                for t in range(d):
+                    row[t] = alpha * row[t] - c0 * x0[t]
+                for beta in range(1, b):
+                    cb = ej * inv * delta[beta, j] * inv_b
+                    ob = oi + beta * s2
+                    xb = xf[ob: ob + d]
+                    for t in range(d):
+                        row[t] -= cb * xb[t]
+            if has_next:
+                for beta in range(b):
+                    if has_pre and not mask[r, j]:
+                        a_next[beta, j] = a_pre[r, i + 1, beta, j]
+                    else:
+                        ob = on + beta * s2
+                        a_next[beta, j] = _dot(row, xf[ob: ob + d], d)
+        if train:
+            for j in range(kp):
+                gl = 0.0
+                for beta in range(b):
+                    gl += outer[beta] * sa[beta, j]
+                lam[r, j] -= eta_c * (gl * inv_b)
+        norms[i, r] = health
+        a, a_next = a_next, a
+
+
+@njit(cache=True)
+def _network_serial(rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
+                    has_pre, code, p, correlation, train, norms):
+    for r in range(rows.shape[0]):
+        _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
+                     has_pre, code, p, correlation, train, norms)
+
+
+@njit(cache=True, parallel=True)
+def _network_parallel(rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
+                      has_pre, code, p, correlation, train, norms):
+    for r in prange(rows.shape[0]):
+        _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
+                     has_pre, code, p, correlation, train, norms)
+
+
+def network_chunk(rows: torch.Tensor, lam_hat: torch.Tensor, x: torch.Tensor,
+                  y: torch.Tensor, eta_r: torch.Tensor, eta_c_r: torch.Tensor,
+                  mask: torch.Tensor, norms: torch.Tensor, *, activation: tuple[int, int],
+                  correlation: bool, train: bool, a_pre: torch.Tensor | None = None) -> None:
+    """n spherical SGD steps of unit rows in place (module docstring; CPU tensors).
+
+    rows (R, k′, d) and lam_hat (R, k′) contiguous, updated in place; x (R, n, b, d) the
+    examples (last axis contiguous), y (R, n, b) their labels; eta_r, eta_c_r (R,) step
+    sizes; mask (R, k′) trainable rows; norms (n, R) receives minⱼ 1/nⱼ per step; a_pre
+    (R, n, b, k′) the precomputed aⱼ of the rows the mask freezes (None: computed here).
+    """
+    xf, off, s0, s1, s2 = examples_view(x)
+    n = x.shape[1]
+    has_pre = a_pre is not None
+    pre = (a_pre.contiguous() if has_pre else torch.empty((1, 1, 1, 1), dtype=rows.dtype))
+    run = _network_parallel if use_parallel(rows.shape[0]) else _network_serial
+    run(rows.numpy(), lam_hat.numpy(), xf, off, s0, s1, s2, n, y.contiguous().numpy(),
+        eta_r.numpy(), eta_c_r.numpy(), mask.numpy(), pre.numpy(), has_pre,
+        activation[0], activation[1], correlation, train, norms.numpy())
+
+
+# ---------------------------------------------------------------------------- full-rank Δ
+@njit(cache=True, fastmath=_FM)
+def _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
+                project, norms):
+    """All n steps of run r (see :func:`linear_chunk`)."""
+    k, d = delta.shape[1], delta.shape[2]
+    b = y.shape[2]
+    eta = eta_r[r]
+    shrink = 1.0 - 2.0 * prox * eta
+    lo = k if project else 0
+    dx = np.empty((b, k))
+    dx_next = np.empty((b, k))
+    coef = np.empty((b, k))
+    wd = np.empty(k)
+    base = off + r * s0
+    lr = lmat[r] if lmat.shape[0] > 1 else lmat[0]
+    for beta in range(b):
+        o = base + beta * s2
+        for j in range(k):
+            dx[beta, j] = _dot(delta[r, j], xf[o: o + d], d)
+    for i in range(n):
+        oi = base + i * s1
+        for j in range(k):  # ⟨wⱼ, Δⱼ⟩
+            s = 0.0
+            for t in range(k):
+                s += delta[r, j, t] * lr[j, t]
+            wd[j] = s
+        msq = 0.0
+        for beta in range(b):
+            f = 0.0
+            for j in range(k):
+                f += beta_[r, i, beta, j] * (dx[beta, j] - z[r, i, beta, j] * wd[j])
+            res = y[r, i, beta] - f0[r, i, beta] - f
+            msq += res * res
+            for j in range(k):
+                coef[beta, j] = (2.0 / b) * res * beta_[r, i, beta, j]
+        norms[i, r] = 1.0 / math.sqrt(1.0 + msq / b)
+        has_next = i + 1 < n
+        on = base + (i + 1) * s1
+        for j in range(k):
+            row = delta[r, j]
+            if b == 1 and has_next:  # one pass: the update and the next ⟨Δⱼ, x′⟩
+                cb = eta * coef[0, j]
+                corr = eta * coef[0, j] * z[r, i, 0, j]  # unprojected: −η coef zⱼ wⱼ
+                x0 = xf[oi: oi + d]
+                x1 = xf[on: on + d]
+                acc = 0.0
+                for t in range(k):  # span W: scaled only (projected) or the full update
+                    v = shrink * row[t]
+                    if not project:
+                        v = (v + cb * x0[t]) - corr * lr[j, t]
+                    row[t] = v
+                    acc += v * x1[t]
+                rt, x0t, x1t = row[k:], x0[k:], x1[k:]  # loops from 0: no wraparound test
+                for t in range(d - k):
+                    v = shrink * rt[t] + cb * x0t[t]
+                    rt[t] = v
+                    acc += v * x1t[t]
+                dx_next[0, j] = acc
+                continue
+            if prox != 0.0:
+                for t in range(d):
+                    row[t] *= shrink
+            for beta in range(b):
+                cb = eta * coef[beta, j]
+                ob = oi + beta * s2
+                xt, rt = xf[ob + lo: ob + d], row[lo:]
+                for t in range(d - lo):
+                    rt[t] += cb * xt[t]
+            if not project:
+                zs = 0.0
+                for beta in range(b):
+                    zs += coef[beta, j] * z[r, i, beta, j]
+                for t in range(k):
+                    row[t] -= eta * (zs * lr[j, t])
+            if has_next:
+                for beta in range(b):
+                    ob = on + beta * s2
+                    dx_next[beta, j] = _dot(row, xf[ob: ob + d], d)
+        dx, dx_next = dx_next, dx
+
+
+@njit(cache=True)
+def _linear_serial(delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
+                   project, norms):
+    for r in range(delta.shape[0]):
+        _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
+                    project, norms)
+
+
+@njit(cache=True, parallel=True)
+def _linear_parallel(delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
+                     project, norms):
+    for r in prange(delta.shape[0]):
+        _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
+                    project, norms)
+
+
+def linear_chunk(delta: torch.Tensor, x: torch.Tensor, z: torch.Tensor, y: torch.Tensor,
+                 f0: torch.Tensor, beta: torch.Tensor, l: torch.Tensor, eta_r: torch.Tensor,
+                 norms: torch.Tensor, *, prox: float, project: bool) -> None:
+    """n plain SGD steps of a full-rank Δ (R, k, d) in place (module docstring; CPU tensors).
+
+    x (R, n, b, d); z, beta (R, n, b, k) (Wx and βⱼ = λⱼσ′(zⱼ)); y, f0 (R, n, b); l (k, k)
+    or (R, k, k) the rows wⱼ (first k coordinates); norms (n, R) receives
+    (1 + mean_b r²)^{−1/2} per step.
+    """
+    xf, off, s0, s1, s2 = examples_view(x)
+    lmat = (l if l.dim() == 3 else l[None]).contiguous()
+    run = _linear_parallel if use_parallel(delta.shape[0]) else _linear_serial
+    run(delta.numpy(), xf, off, s0, s1, s2, x.shape[1], z.contiguous().numpy(),
+        y.contiguous().numpy(), f0.contiguous().numpy(), beta.contiguous().numpy(),
+        lmat.numpy(), eta_r.numpy(), float(prox), bool(project), norms.numpy())

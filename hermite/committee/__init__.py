@@ -1,0 +1,46 @@
+"""Order-parameter ODEs of the soft committee machine for any activation (torch-free).
+
+Saad & Solla (1995), Goldt et al. (2019): a two-layer student ŷ = Σ_k v_k g(λ_k) learns a
+teacher y = Σ_m A_m g(ν_m) by online SGD; in the high-dimensional limit the order parameters
+Q, R (and v) follow deterministic ODEs in α = steps/N whose coefficients are Gaussian
+integrals of g (:mod:`.integrals`). Free rows (Saad–Solla's O(1) weights) and loradyn's unit
+rows (the ``scratch`` learners' spherical step), squared and correlation (CSQ) loss, first
+and second order in the step size. Derivation: docs/theory/committee.md.
+"""
+
+from .integrals import INTEGRAL_METHODS, QUADRATURE_DEFAULTS, CommitteeIntegrals, scaled_erf
+from .ode import (
+    INTEGRATORS,
+    LOSSES,
+    ROWS,
+    CommitteeModel,
+    CommitteeState,
+    CommitteeTrajectory,
+    DriftTerms,
+    committee_alignment,
+    committee_drift,
+    committee_loss,
+    committee_ode,
+    committee_step,
+    committee_terms,
+)
+
+__all__ = [
+    "CommitteeIntegrals",
+    "scaled_erf",
+    "INTEGRAL_METHODS",
+    "QUADRATURE_DEFAULTS",
+    "CommitteeModel",
+    "CommitteeState",
+    "CommitteeTrajectory",
+    "DriftTerms",
+    "committee_drift",
+    "committee_terms",
+    "committee_step",
+    "committee_ode",
+    "committee_loss",
+    "committee_alignment",
+    "ROWS",
+    "LOSSES",
+    "INTEGRATORS",
+]

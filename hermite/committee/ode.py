@@ -1,0 +1,434 @@
+"""Order-parameter ODEs of the soft committee machine (Saad & Solla 1995; Goldt et al. 2019).
+
+Fields and order parameters (derivation: docs/theory/committee.md). Student
+ŷ(x) = Σ_k v_k g(λ_k), teacher y = Σ_m A_m g(ν_m) + ζ (label noise, variance σ²), x ~ N(0, I_N).
+
+* ``rows="free"``: λ_k = ŵ_k·x/√N with O(1) weights, Q = ŴŴᵀ/N, R = ŴVᵀ/N, T = VVᵀ/N;
+  online SGD ŵ_k ← ŵ_k − (η̄/√N) δ_k x, δ_k = ∂L/∂λ_k (equivalently, with w = ŵ/√N and
+  λ = ⟨w, x⟩, the engine's plain SGD w ← w − η ∇_w L at η = η̄/N).
+* ``rows="unit"`` (loradyn's ``scratch`` learners): λ_k = ⟨ŵ_k, x⟩ with ‖ŵ_k‖ = 1, T the
+  teacher rows' Gram (unit diagonal); the engine's spherical step
+  ŵ_k ← (ŵ_k − η δ_k (x − λ_k ŵ_k))/n_k, n_k² = 1 + η² δ_k² (‖x‖² − λ_k²), with η = η̄/N.
+* second layer (``lr_v``, squared loss only): v_k ← v_k − (η̄_v/N) ∂L/∂v_k.
+
+Losses (``loss_scale`` s; the engine's is s = 1, nn2pp's ½(y − ŷ)² is s = ½):
+squared L = s(y − ŷ)²: δ_k = −2s e v_k g′(λ_k), ∂L/∂v_k = −2s e g(λ_k), e = y − ŷ;
+correlation (CSQ) L = −s y ŷ: δ_k = −s y v_k g′(λ_k).
+
+With D_kb = E[δ_k b] (b any field) and S_kl = E[δ_k δ_l], by Stein's lemma (integrals.py)
+
+    D_kb = −γ s v_k Σ_c c_c I3(λ_k, b, c),
+    S_kl = γ² s² v_k v_l (Σ_{c,d} c_c c_d I4(λ_k, λ_l, c, d) + σ² J2(λ_k, λ_l)),
+
+γ = 2, c = (−v, A) (squared); γ = 1, c = (0, A) (correlation). In α = steps/N, to first order in
+η̄ and second order in η̄ (the η² N terms; batch b divides them):
+
+    free:  dQ_kl/dα = −η̄ (D_kl + D_lk) + (η̄²/b) S_kl
+           dR_km/dα = −η̄ D_km
+    unit:  dR_km/dα = −η̄ (D_km − D_kk R_km) − (η̄²/2b) S_kk R_km
+           dQ_kl/dα = −η̄ (D_kl − D_kk Q_kl + D_lk − D_ll Q_kl)
+                      + (η̄²/b)(S_kl − ½(S_kk + S_ll) Q_kl)          (dQ_kk = 0)
+    dv_k/dα = 2 s η̄_v Σ_c c_c I2(λ_k, c).
+
+The generalisation error ε = s E[(f* − f̂)²] = s Σ_{ab} c_a c_b I2(a, b) over all K + M fields
+(with c = (−v, A), noise excluded); the alignment is the mean over teacher neurons m of
+max_k |R_km|/√(Q_kk T_mm) (the ``scratch`` learner's ``overlap``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import scipy.integrate
+
+from .integrals import CommitteeIntegrals, stein_i3
+
+__all__ = ["CommitteeState", "CommitteeModel", "CommitteeTrajectory", "DriftTerms",
+           "committee_drift", "committee_terms", "committee_step", "committee_ode",
+           "committee_loss", "committee_alignment", "ROWS", "LOSSES", "INTEGRATORS"]
+
+ROWS = ("free", "unit")
+LOSSES = ("squared", "correlation")
+INTEGRATORS = ("rk4", "map", "solve_ivp")
+
+
+@dataclass(frozen=True)
+class CommitteeState:
+    """Student order parameters: Q (K, K), R (K, M), v (K,) (second layer)."""
+
+    Q: np.ndarray
+    R: np.ndarray
+    v: np.ndarray
+
+    @classmethod
+    def from_arrays(cls, Q, R, v=None) -> CommitteeState:
+        Q = np.array(Q, dtype=np.float64, ndmin=2)
+        R = np.array(R, dtype=np.float64, ndmin=2)
+        v = np.ones(Q.shape[0]) if v is None else np.array(v, dtype=np.float64, ndmin=1)
+        return cls(Q, R, v)
+
+    @classmethod
+    def from_weights(cls, W, V, v=None, rows: str = "free") -> CommitteeState:
+        """From first-layer weights W (K, N) and teacher rows V (M, N): Q = WWᵀ/N,
+        R = WVᵀ/N (``free``) or the Grams themselves (``unit``)."""
+        W, V = np.asarray(W, dtype=np.float64), np.asarray(V, dtype=np.float64)
+        n = W.shape[1] if rows == "free" else 1.0
+        return cls.from_arrays(W @ W.T / n, W @ V.T / n, v)
+
+    @property
+    def K(self) -> int:
+        return self.Q.shape[0]
+
+    @property
+    def M(self) -> int:
+        return self.R.shape[1]
+
+    def pack(self) -> np.ndarray:
+        return np.concatenate([self.Q.ravel(), self.R.ravel(), self.v])
+
+    def unpack(self, y: np.ndarray) -> CommitteeState:
+        K, M = self.K, self.M
+        return CommitteeState(y[:K * K].reshape(K, K), y[K * K:K * K + K * M].reshape(K, M),
+                              y[K * K + K * M:])
+
+    def __add__(self, other: CommitteeState) -> CommitteeState:
+        return CommitteeState(self.Q + other.Q, self.R + other.R, self.v + other.v)
+
+    def scaled(self, c: float) -> CommitteeState:
+        return CommitteeState(c * self.Q, c * self.R, c * self.v)
+
+
+@dataclass(frozen=True)
+class CommitteeModel:
+    """Everything but the student state: activation g, teacher (T (M, M), A (M,)), the row
+    convention, the loss, step sizes η̄ = η·N (``lr``) and η̄_v (``lr_v``; ``None``: the
+    second layer is frozen), label-noise variance, mini-batch size, whether the η² terms are
+    kept (``second_order``) and how the Gaussian integrals are computed (``method``,
+    ``quadrature``: see :class:`~hermite.committee.integrals.CommitteeIntegrals`)."""
+
+    activation: object
+    T: np.ndarray
+    A: np.ndarray
+    lr: float
+    rows: str = "free"
+    loss: str = "squared"
+    loss_scale: float = 1.0
+    lr_v: float | None = None
+    noise_var: float = 0.0
+    batch: int = 1
+    second_order: bool = True
+    method: str = "auto"
+    quadrature: dict | None = None
+    integrals: CommitteeIntegrals = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        T = np.array(self.T, dtype=np.float64, ndmin=2)
+        A = np.array(self.A, dtype=np.float64, ndmin=1)
+        if T.ndim != 2 or T.shape[0] != T.shape[1]:
+            raise ValueError(f"T must be a square (M, M) matrix, got shape {T.shape}")
+        if T.shape[0] < 1:
+            raise ValueError("M (teacher width) must be ≥ 1, got 0")
+        if A.shape != (T.shape[0],):
+            raise ValueError(f"A must have shape ({T.shape[0]},) to match T, got {A.shape}")
+        _check_psd("T", T)
+        if np.any(np.diag(T) <= 0):
+            raise ValueError("T must have a positive diagonal (teacher rows of zero norm)")
+        if self.rows not in ROWS:
+            raise ValueError(f"rows must be one of {', '.join(ROWS)}, got {self.rows!r}")
+        if self.rows == "unit" and not np.allclose(np.diag(T), 1.0, rtol=0, atol=1e-10):
+            raise ValueError("unit rows need a teacher Gram T with unit diagonal")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        for name in ("lr", "loss_scale"):
+            val = float(getattr(self, name))
+            if not math.isfinite(val) or val <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {val:g}")
+        if self.lr_v is not None:
+            if self.loss != "squared":
+                raise ValueError("a trained second layer (lr_v) needs the squared loss: the "
+                                 "correlation loss is unbounded in v")
+            if not math.isfinite(float(self.lr_v)) or float(self.lr_v) <= 0:
+                raise ValueError(f"lr_v must be a finite number > 0 or None, got {self.lr_v}")
+        if not math.isfinite(float(self.noise_var)) or float(self.noise_var) < 0:
+            raise ValueError(f"noise_var must be ≥ 0, got {self.noise_var}")
+        if int(self.batch) != self.batch or self.batch < 1:
+            raise ValueError(f"batch must be an integer ≥ 1, got {self.batch}")
+        object.__setattr__(self, "T", T)
+        object.__setattr__(self, "A", A)
+        integ = CommitteeIntegrals(self.activation, self.method, self.quadrature)
+        if self.method == "closed":  # fail now, not in the middle of an integration
+            for which in ("i2", "j2", "p2") + (("i4",) if self.second_order else ()):
+                integ._use_closed(which)
+        object.__setattr__(self, "integrals", integ)
+
+    @property
+    def M(self) -> int:
+        return self.T.shape[0]
+
+    @property
+    def gamma(self) -> float:
+        return 2.0 if self.loss == "squared" else 1.0
+
+    def check_state(self, state: CommitteeState) -> CommitteeState:
+        """Validate shapes, symmetry, positive semidefiniteness of [[Q, R], [Rᵀ, T]]."""
+        Q, R, v = (np.asarray(a, dtype=np.float64) for a in (state.Q, state.R, state.v))
+        if Q.ndim != 2 or Q.shape[0] != Q.shape[1]:
+            raise ValueError(f"Q must be a square (K, K) matrix, got shape {Q.shape}")
+        K = Q.shape[0]
+        if K < 1:
+            raise ValueError("K (student width) must be ≥ 1, got 0")
+        if R.shape != (K, self.M):
+            raise ValueError(f"R must have shape (K, M) = ({K}, {self.M}), got {R.shape}")
+        if v.shape != (K,):
+            raise ValueError(f"v must have shape (K,) = ({K},), got {v.shape}")
+        if not (np.all(np.isfinite(Q)) and np.all(np.isfinite(R)) and np.all(np.isfinite(v))):
+            raise ValueError("Q, R, v must be finite")
+        if not np.allclose(Q, Q.T, rtol=0, atol=1e-12 * max(1.0, np.abs(Q).max())):
+            raise ValueError("Q must be symmetric")
+        if np.any(np.diag(Q) <= 0):
+            raise ValueError("Q must have a positive diagonal (student rows of zero norm)")
+        if self.rows == "unit" and not np.allclose(np.diag(Q), 1.0, rtol=0, atol=1e-8):
+            raise ValueError("unit rows need diag(Q) = 1")
+        _check_psd("[[Q, R], [Rᵀ, T]]", _full_cov(Q, R, self.T))
+        return CommitteeState(0.5 * (Q + Q.T), R, v)
+
+
+def _check_psd(name, C):
+    w = np.linalg.eigvalsh(C)
+    if w[0] < -1e-9 * max(1.0, abs(w[-1])):
+        raise ValueError(f"{name} must be positive semidefinite (smallest eigenvalue "
+                         f"{w[0]:.3g}): not the Gram matrix of any rows")
+
+
+def _full_cov(Q, R, T):
+    return np.block([[Q, R], [R.T, T]])
+
+
+@dataclass(frozen=True)
+class DriftTerms:
+    """The expectations behind the drift: D (K, K+M) = E[δ_k b] over the fields b (students
+    then teachers), S (K, K) = E[δ_k δ_l], Gv (K,) = E[∂L/∂v_k] (zeros when the second layer
+    is frozen), and the drift d(Q, R, v)/dα (``drift``)."""
+
+    D: np.ndarray
+    S: np.ndarray
+    Gv: np.ndarray
+    drift: CommitteeState
+
+
+class _Plan:
+    """Index tuples of one (K, M, loss): the pairs and 4-tuples the drift needs."""
+
+    def __init__(self, K, M, loss):
+        P = K + M
+        self.K, self.M, self.P = K, M, P
+        kk, cc = np.meshgrid(np.arange(K), np.arange(P), indexing="ij")
+        self.pairs = np.stack([kk.ravel(), cc.ravel()], axis=1)  # (K·P, 2) (student, field)
+        iu = np.triu_indices(P)
+        self.all_pairs = np.stack(iu, axis=1)  # (P(P+1)/2, 2)
+        fields = np.arange(P) if loss == "squared" else np.arange(K, P)
+        ku = np.triu_indices(K)
+        fu = np.triu_indices(fields.size)
+        kl = np.stack(ku, axis=1)
+        cd = np.stack([fields[fu[0]], fields[fu[1]]], axis=1)
+        self.quads = np.concatenate([np.repeat(kl, len(cd), axis=0),
+                                     np.tile(cd, (len(kl), 1))], axis=1)  # (·, 4)
+        self.quad_mult = np.where(self.quads[:, 2] == self.quads[:, 3], 1.0, 2.0)
+
+
+_PLANS: dict = {}
+
+
+def _plan(K, M, loss) -> _Plan:
+    key = (K, M, loss)
+    if key not in _PLANS:
+        _PLANS[key] = _Plan(K, M, loss)
+    return _PLANS[key]
+
+
+def _sub(C, idx):
+    return C[idx[:, :, None], idx[:, None, :]]
+
+
+def committee_terms(model: CommitteeModel, state: CommitteeState, *,
+                    check: bool = True) -> DriftTerms:
+    """D, S, E[∂L/∂v] and the drift d(Q, R, v)/dα at ``state`` (module docstring)."""
+    if check:
+        state = model.check_state(state)
+    Q, R, v = state.Q, state.R, state.v
+    K, M = Q.shape[0], model.M
+    pl = _plan(K, M, model.loss)
+    ig = model.integrals
+    C = _full_cov(Q, R, model.T)
+    s, gam = float(model.loss_scale), model.gamma
+    coef = np.concatenate([-v, model.A]) if model.loss == "squared" else \
+        np.concatenate([np.zeros(K), model.A])
+
+    # first order: I3[k, b, c] = E[g′(λ_k) b g(c)] by Stein from P2, J2 on (λ_k, c)
+    C2 = _sub(C, pl.pairs)
+    P2 = ig.p2(C2).reshape(K, pl.P)
+    J2 = ig.j2(C2).reshape(K, pl.P)
+    ck = C[np.arange(K)]  # (K, P) = C_{k, ·}
+    caa = np.diag(C)[:K, None, None]
+    I3 = stein_i3(caa, ck[:, :, None], ck[:, None, :], C[None, :, :],
+                  P2[:, None, :], J2[:, None, :])  # (K, b, c)
+    D = -gam * s * v[:, None] * np.einsum("kbc,c->kb", I3, coef)
+
+    # second order: S_kl = γ² s² v_k v_l (E[g′(λ_k) g′(λ_l) e²] + σ² J2(λ_k, λ_l))
+    S = np.zeros((K, K))
+    if model.second_order:
+        ku = np.triu_indices(K)
+        tot = ig.gprime_e2(C, coef, np.stack(ku, axis=1))
+        if model.noise_var > 0:
+            tot = tot + model.noise_var * J2[ku[0], ku[1]]
+        S[ku] = tot
+        S = S + np.triu(S, 1).T
+        S *= gam * gam * s * s * np.outer(v, v)
+
+    # second layer
+    Gv = np.zeros(K)
+    dv = np.zeros(K)
+    if model.lr_v is not None:
+        I2 = ig.i2(C2).reshape(K, pl.P)
+        Gv = -2.0 * s * I2 @ coef
+        dv = -float(model.lr_v) * Gv
+
+    lr, b = float(model.lr), float(model.batch)
+    if model.rows == "free":
+        dQ = -lr * (D[:, :K] + D[:, :K].T) + lr * lr / b * S
+        dR = -lr * D[:, K:]
+    else:
+        dkk = np.diag(D[:, :K])
+        skk = np.diag(S)
+        dR = -lr * (D[:, K:] - dkk[:, None] * R) - 0.5 * lr * lr / b * skk[:, None] * R
+        first = D[:, :K] - dkk[:, None] * Q
+        dQ = -lr * (first + first.T) + lr * lr / b * (S - 0.5 * (skk[:, None] + skk[None, :]) * Q)
+        np.fill_diagonal(dQ, 0.0)
+    return DriftTerms(D, S, Gv, CommitteeState(dQ, dR, dv))
+
+
+def committee_drift(model: CommitteeModel, state: CommitteeState) -> CommitteeState:
+    """d(Q, R, v)/dα at ``state`` (α = steps/N)."""
+    return committee_terms(model, state).drift
+
+
+def committee_step(model: CommitteeModel, state: CommitteeState, N: float) -> CommitteeState:
+    """The expected one-step map of one SGD step in dimension N: X + (dX/dα)/N (step
+    η = η̄/N; the η² N terms with ‖x‖² ≈ N, error O((K+M)/N) relative in them)."""
+    return state + committee_drift(model, state).scaled(1.0 / float(N))
+
+
+def committee_loss(model: CommitteeModel, state: CommitteeState) -> float:
+    """ε = s E[(f* − f̂)²] = s Σ_ab c_a c_b I2(a, b), c = (−v, A), s = ``model.loss_scale``."""
+    state = model.check_state(state)
+    K = state.Q.shape[0]
+    pl = _plan(K, model.M, model.loss)
+    C = _full_cov(state.Q, state.R, model.T)
+    I2 = model.integrals.i2(_sub(C, pl.all_pairs))
+    coef = np.concatenate([-state.v, model.A])
+    a, b = pl.all_pairs[:, 0], pl.all_pairs[:, 1]
+    mult = np.where(a == b, 1.0, 2.0)
+    return float(model.loss_scale * np.sum(mult * coef[a] * coef[b] * I2))
+
+
+def committee_alignment(state: CommitteeState, T) -> float:
+    """Mean over teacher neurons m of max_k |R_km|/√(Q_kk T_mm)."""
+    Q, R = np.asarray(state.Q), np.asarray(state.R)
+    T = np.array(T, dtype=np.float64, ndmin=2)
+    cos = np.abs(R) / np.sqrt(np.outer(np.diag(Q), np.diag(T)))
+    return float(cos.max(axis=0).mean())
+
+
+@dataclass(frozen=True)
+class CommitteeTrajectory:
+    """Order parameters at the requested α: Q (n, K, K), R (n, K, M), v (n, K), the
+    generalisation error ``loss`` (n,) and ``alignment`` (n,); ``steps`` = α·N for the map."""
+
+    alpha: np.ndarray
+    Q: np.ndarray
+    R: np.ndarray
+    v: np.ndarray
+    loss: np.ndarray
+    alignment: np.ndarray
+    integrator: str
+    evaluations: int
+
+    def state(self, i: int) -> CommitteeState:
+        return CommitteeState(self.Q[i], self.R[i], self.v[i])
+
+
+def _check_alphas(alphas):
+    a = np.atleast_1d(np.asarray(alphas, dtype=np.float64))
+    if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)) or a.min() < 0:
+        raise ValueError("alphas must be a non-empty 1-D array of finite times ≥ 0")
+    if np.any(np.diff(a) < 0):
+        raise ValueError("alphas must be sorted in increasing order")
+    return a
+
+
+def committee_ode(model: CommitteeModel, state0: CommitteeState, alphas, *,
+                  integrator: str = "rk4", dt: float = 0.01, N: float | None = None,
+                  rtol: float = 1e-8, atol: float = 1e-10) -> CommitteeTrajectory:
+    """Integrate the order parameters from ``state0`` to every α in ``alphas``.
+
+    ``integrator``: ``"rk4"`` (fixed step ``dt`` in α, last step shortened to hit each α),
+    ``"map"`` (the expected one-step map :func:`committee_step` in dimension ``N``, one
+    iteration per SGD step: α·N steps, rounded), ``"solve_ivp"`` (scipy's adaptive DOP853
+    with ``rtol``, ``atol``).
+    """
+    if integrator not in INTEGRATORS:
+        raise ValueError(f"integrator must be one of {', '.join(INTEGRATORS)}, "
+                         f"got {integrator!r}")
+    alphas = _check_alphas(alphas)
+    st = model.check_state(state0)
+    count = [0]
+
+    def rhs(y):
+        count[0] += 1
+        return committee_terms(model, st.unpack(y), check=False).drift.pack()
+
+    y = st.pack()
+    out = np.empty((alphas.size, y.size))
+    if integrator == "solve_ivp":
+        sol = scipy.integrate.solve_ivp(lambda t, yy: rhs(yy), (0.0, float(alphas[-1])), y,
+                                        method="DOP853", t_eval=alphas, rtol=rtol, atol=atol)
+        if not sol.success:
+            raise RuntimeError(f"solve_ivp failed: {sol.message}")
+        out[:] = sol.y.T
+    elif integrator == "map":
+        if N is None or not (float(N) >= 1):
+            raise ValueError("the map integrator needs the dimension N ≥ 1")
+        steps = np.rint(alphas * float(N)).astype(np.int64)
+        t = 0
+        for i, target in enumerate(steps):
+            while t < target:
+                y = y + rhs(y) / float(N)
+                t += 1
+            out[i] = y
+    else:
+        if not (float(dt) > 0):
+            raise ValueError(f"dt must be > 0, got {dt}")
+        t = 0.0
+        for i, target in enumerate(alphas):
+            while t < target - 1e-12:
+                h = min(float(dt), target - t)
+                k1 = rhs(y)
+                k2 = rhs(y + 0.5 * h * k1)
+                k3 = rhs(y + 0.5 * h * k2)
+                k4 = rhs(y + h * k3)
+                y = y + h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+                t += h
+            out[i] = y
+    states = [st.unpack(row) for row in out]
+    for s_ in states:
+        if not (np.all(np.isfinite(s_.Q)) and np.all(np.isfinite(s_.R))):
+            raise RuntimeError("the ODE diverged (non-finite order parameters): lower lr")
+    loss = np.array([committee_loss(model, replace(s_, Q=0.5 * (s_.Q + s_.Q.T)))
+                     for s_ in states])
+    align = np.array([committee_alignment(s_, model.T) for s_ in states])
+    return CommitteeTrajectory(alphas, np.stack([s_.Q for s_ in states]),
+                               np.stack([s_.R for s_ in states]),
+                               np.stack([s_.v for s_ in states]), loss, align, integrator,
+                               count[0])

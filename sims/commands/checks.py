@@ -1,0 +1,174 @@
+"""Checks every simulating command makes before it computes, and the health of what it got
+(issue 16: nothing lost, nothing absurd).
+
+Before any compute (:func:`preflight`): the output paths (:mod:`sims.io.outputs`), the seeds
+(the master seed is checked by ``RunConfig.validate``; the instance seeds of every run are
+stored as int64, so spec seed (+ R − 1 with per-run instance seeds) must stay below 2⁶³), the
+memory estimate (:mod:`dynamics.budget`, a one-line refusal saying what fits) and the step
+size (:mod:`hermite.stability`: a one-line warning when η is above the SGD or ODE stability
+limit). After it (:func:`health`): how many runs left the sphere (diverged: non-finite, or
+|m| > 1), how many went flat (stopped moving short of the teacher), and which theory curves
+blew up (NaN after a finite value, ``hermite.ode``).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import click
+import numpy as np
+
+from dynamics.budget import check_memory
+from sims.io.outputs import Input, Output, check_outputs
+
+__all__ = ["RUN_NAMES", "preflight", "check_instance_seeds", "eta_warning", "health",
+           "health_text", "blowup_lines", "warn", "memory_guard", "check_sweep", "FLAT_TOL"]
+
+RUN_NAMES = {"runs": "--runs", "checkpoints": "--checkpoints"}
+FLAT_TOL = 1e-12  # a run whose overlap moves less than this over its last half is flat
+INT64_MAX = 2**63 - 1
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr."""
+    click.echo(f"warning: {message}", err=True)
+
+
+def check_instance_seeds(config, where: str = "instance spec") -> None:
+    """The instance seed of every run fits the file's int64 ``instance_seed`` dataset."""
+    seed = config.instance.get("seed", 0) or 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        return  # the spec parser names it
+    top = seed + (config.runs - 1 if config.instance_seeds == "per_run" else 0)
+    if seed < 0 or top > INT64_MAX:
+        extra = (f" (with --instance-seeds per_run, seed + runs − 1 = {top})"
+                 if config.instance_seeds == "per_run" else "")
+        raise ValueError(f"{where}: key 'seed': must be an integer in 0 … 2**63 − 1, got "
+                         f"{seed}{extra}")
+
+
+def eta_warning(config, option: str = "--eta") -> str | None:
+    """The one-line warning for an η above the stability limit of the instance
+    (:func:`hermite.stability.step_limit`; finetune learner on unit-row instances, where the
+    theory applies; every ξ of ``xi_values``), or None."""
+    if config.learner != "finetune":
+        return None
+    try:
+        from dynamics.instance import build_instance
+        from hermite.stability import step_limit
+
+        worst = None
+        for xi in (config.xi_values or [None]):
+            spec = dict(config.instance) if xi is None else dict(config.instance, xi=xi)
+            inst = build_instance(spec)
+            if not inst.unit_rows:
+                return None
+            lim = step_limit(inst, config.eta, inst.d, label_noise=config.label_noise)
+            if lim is not None and (worst is None or lim.ratio > worst.ratio):
+                worst = lim
+    except (ImportError, ValueError, ArithmeticError):
+        return None
+    return worst.message(option) if worst is not None and worst.exceeded else None
+
+
+def preflight(spec, config, *, out, plot=None, force: bool = False,
+              names: dict | None = None) -> list[str]:
+    """Every check of ``loradyn run`` before it simulates (module docstring); the warning
+    lines (already printed). Raises a one-line ValueError naming the option."""
+    check_outputs([Output("--out", out, "hdf5"),
+                   Output("--plot", plot, "figure") if plot else None],
+                  [Input("SPEC", spec)], force=force)
+    check_instance_seeds(config)
+    check_memory(config, names or RUN_NAMES)
+    lines = []
+    message = eta_warning(config)
+    if message:
+        lines.append(message)
+        warn(message)
+    return lines
+
+
+def health(traj) -> dict:
+    """{"left_sphere": runs that diverged (non-finite or |m| > 1: they left the sphere and
+    were frozen), "flat": runs that stopped moving short of the teacher (overlap constant to
+    ``FLAT_TOL`` over the last half of the checkpoints, |m| < 0.999), "ode_blowup":
+    {curve: [runs, first step]} of the theory curves that blew up}."""
+    from sims.io.trajectory import blowups
+
+    ok = ~traj.diverged
+    ov = np.asarray(traj.overlap, dtype=float)
+    flat = 0
+    if ov.ndim == 2 and ov.shape[1] >= 3 and ok.any():
+        tail = ov[ok][:, ov.shape[1] // 2:]
+        finite = np.isfinite(tail).all(1)
+        span = np.where(finite, np.ptp(np.where(np.isfinite(tail), tail, 0.0), axis=1), 0.0)
+        flat = int(np.sum(finite & (span <= FLAT_TOL) & (np.abs(tail[:, -1]) < 0.999)))
+    return {"left_sphere": int((~ok).sum()), "flat": flat,
+            "ode_blowup": {k: list(v) for k, v in blowups(traj).items()}}
+
+
+def health_text(traj, report: dict | None = None) -> str:
+    """'0 left the sphere, 0 went flat' for the summary line (left the sphere = diverged)."""
+    report = report or health(traj)
+    return f"{report['left_sphere']} left the sphere, {report['flat']} went flat"
+
+
+def blowup_lines(report: dict) -> list[str]:
+    """One warning line per theory curve that blew up."""
+    names = {"ode": "population ODE", "ode_corrected": "noise-corrected ODE",
+             "band_lower": "theory band", "band_upper": "theory band"}
+    out, seen = [], set()
+    for key, (runs, step) in report["ode_blowup"].items():
+        name = names.get(key, key)
+        if name in seen:
+            continue
+        seen.add(name)
+        out.append(f"the {name} blew up in {runs} run(s) (first by step {step}); it reads NaN "
+                   "from there (η is beyond its stability limit)")
+    return out
+
+
+def check_sweep(spec, out=None, *, batch: bool = True, max_batch_runs: int | None = None,
+                force: bool = False) -> None:
+    """Before a sweep computes: every batch's memory estimate (one line naming the cells
+    whose batch does not fit), the sidecar folder of ``out`` is not a file, and with
+    ``force`` a foreign file at ``out`` is removed (the caller checked it with
+    :func:`sims.io.outputs.check_outputs`; a sweep file is resumed, never removed)."""
+    from pathlib import Path
+
+    from dynamics.budget import MemoryBudgetError
+    from sims.experiments.sweep_batch import MAX_BATCH_RUNS, plan_batches
+    from sims.io.outputs import OutputError, _hdf5_format
+    from sims.io.sweep import cell_dir
+
+    cells = spec.cells()
+    for b in plan_batches(cells, batch, max_batch_runs or MAX_BATCH_RUNS):
+        try:
+            check_memory(b.config)
+        except MemoryBudgetError as exc:
+            names = ", ".join(c.name for c in b.cells[:3]) + (" …" if len(b.cells) > 3 else "")
+            raise MemoryBudgetError(f"sweep cell(s) {names}: {exc}") from None
+    if out is None:
+        return
+    out = Path(out)
+    side = cell_dir(out)
+    if side.exists() and not side.is_dir():
+        raise OutputError(f"--out {out}: its cell folder {side} exists and is not a folder")
+    if force and out.is_file() and _hdf5_format(out) != "loradyn-sweep":
+        out.unlink()
+
+
+@contextmanager
+def memory_guard(runs_option: str = "--runs"):
+    """Turn an allocation failure the estimate did not foresee (numpy's MemoryError, torch's
+    allocator RuntimeError, CUDA out of memory) into one line instead of a traceback."""
+    try:
+        yield
+    except MemoryError as exc:
+        raise click.ClickException(f"out of memory ({str(exc).splitlines()[0] or 'MemoryError'}"
+                                   f"); lower {runs_option}") from None
+    except RuntimeError as exc:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        if "out of memory" in text.lower() or "can't allocate" in text.lower():
+            raise click.ClickException(f"out of memory ({text}); lower {runs_option}") from None
+        raise
