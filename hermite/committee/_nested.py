@@ -1,23 +1,26 @@
 """Nested (sequential-conditioning) Gaussian quadrature: E[Π_j f_j(x_j)] for x ~ N(0, C).
 
 With a lower-triangular L, L Lᵀ = C (semidefinite Cholesky: a zero pivot leaves that
-coordinate deterministic given the previous ones), x_j = Σ_{i<j} L_ji z_i + L_jj z_j with
-z ~ N(0, I). The expectation is the iterated integral over z_1, z_2, … of 1-D conditional
-expectations, each by a 1-D rule in z_j for f_j(m_j + s_j z_j), m_j = Σ_{i<j} L_ji z_i,
-s_j = L_jj:
+coordinate deterministic given the previous ones, so repeated or parallel fields are exact),
+x_j = Σ_{i<j} L_ji z_i + L_jj z_j with z ~ N(0, I). The expectation is the iterated integral
+over z_1, z_2, … of 1-D conditional expectations, each by a 1-D rule in z_j for
+f_j(m_j + s_j z_j), m_j = Σ_{i<j} L_ji z_i, s_j = L_jj:
 
-* smooth f_j: n-point Gauss–Hermite (probabilists', normalised to N(0, 1));
-* f_j with breakpoints b: composite Gauss–Legendre on [−L, L] (L = ``TAIL``) with the
-  kinks z = (b − m_j)/s_j as panel edges, q nodes per panel, the Gaussian density in the
-  weights — the kinks move with the outer node, so every outer node has its own rule;
-* the last coordinate may instead carry a closed-form smoothing S(m, s) = E[f(m + s z)]
-  (ReLU, step, abs, sign, erf, linear), which removes one level.
+* smooth levels: n-point Gauss–Hermite (probabilists', normalised to N(0, 1));
+* kinked levels: composite Gauss–Legendre on [−L, L] (L = ``TAIL``), weights times the
+  Gaussian density and normalised to sum 1, with panel edges at f_j's kinks
+  z = (b − m_j)/s_j and at the *crossings* — the z_j where a later kinked coordinate's
+  conditional mean passes its breakpoint; there the inner integral has a smooth transition of
+  width w = (remaining conditional deviation)/|L_ij|, and each half panel is mapped by
+  z = e ± w sinh(u) to cluster its q nodes at the edge (plain when w = 0 or w ≥ the panel);
+  the edges move with the outer nodes, so each outer node has its own rule;
+* the last coordinate may carry a closed-form smoothing S(m, s) = E[f(m + s z)] (ReLU, step,
+  abs, sign, erf, linear), and an ``inner`` callback may replace the last levels by a closed
+  form of the conditional law (:func:`pair_inner`: E[f(c) f(d) | outer]; :func:`e2_inner`:
+  E[(Σ c_i f(x_i))² | outer] from the ReLU/abs pair moments :func:`pair_relu`, Owen's T).
 
-Cost: the product of the levels' node counts, per covariance matrix (vectorised over a batch
-of matrices, chunked to bound memory). Accuracy: exponential in n for σ analytic in a strip
-around ℝ; for kinked σ the 1-D rules are exact at the kinks of f_j itself, but a later
-coordinate whose conditional variance is small adds a sharp (not kinked) transition that the
-outer rule resolves only algebraically — see docs/theory/committee.md for measured errors.
+Cost: the product of the levels' node counts per covariance matrix (vectorised over a batch,
+chunked to bound memory). Errors: docs/theory/committee.md.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ TAIL = 8.5  # window of the kinked rules: P(|z| > 8.5) = 1.9e-17
 _INV_SQRT_2PI = 1.0 / np.sqrt(2.0 * np.pi)
 _CHUNK_NODES = 3_000_000  # batch × nodes per chunk
 _SHARP = 1e-9  # transitions narrower than this (in z) are treated as kinks (error ≲ 1e-9)
+#: crossings wider than this (in z) are not made panel edges. ∞: every crossing of a coordinate
+#: that depends on z_j is an edge (pruning at 2 saves ~40% at K = M = 4 but costs 1e-3
+#: relative accuracy: a wide transition far from a sinh-graded anchor is poorly resolved)
+SPLIT_WIDTH = np.inf
 
 
 @dataclass(frozen=True)
@@ -120,13 +127,36 @@ def _kinked_rule(m, s, breaks, crossings, q):
     return z, w / np.sum(w, axis=-1, keepdims=True)  # constants exact (Σw = 1 − 2e-17)
 
 
-def _crossings(shift, L, j, factors):
-    """For every later kinked coordinate i > j and breakpoint b: the z_j at which the mean of
-    x_i given z_1..z_j crosses b, and the width (std of x_i given z_1..z_j)/|L_ij|."""
+def _width(L, j, i):
+    """(B,) width in z_j of the transition of x_i's conditional law: (std of x_i given
+    z_1..z_j)/|L_ij| (∞ where x_i does not depend on z_j)."""
+    lij = np.abs(L[:, i, j])
+    rest = np.sqrt(np.sum(L[:, i, j + 1:i + 1] ** 2, axis=-1))
+    ok = lij > 1e-14 * np.maximum(rest, 1e-300)
+    return np.where(ok, rest / np.where(ok, lij, 1.0), np.inf)
+
+
+def _signature(L, factors, n_outer):
+    """(B, ·) booleans: which crossings (level j, later kinked coordinate i) are sharp enough
+    (width < ``SPLIT_WIDTH``) to be panel edges; the others are left to the rule."""
+    cols = [_width(L, j, i) < SPLIT_WIDTH for j in range(n_outer)
+            for i in range(j + 1, L.shape[-1]) if factors[i].breaks]
+    return np.stack(cols, axis=1) if cols else np.zeros((L.shape[0], 0), dtype=bool)
+
+
+def _need_map(factors, n_outer, n, row):
+    keys = [(j, i) for j in range(n_outer) for i in range(j + 1, n) if factors[i].breaks]
+    return dict(zip(keys, (bool(x) for x in row), strict=True))
+
+
+def _crossings(shift, L, j, factors, need):
+    """For every later kinked coordinate i > j with a sharp transition (``need``) and each
+    breakpoint b: the z_j at which the mean of x_i given z_1..z_j crosses b, and the width
+    (std of x_i given z_1..z_j)/|L_ij|."""
     out = []
     n = L.shape[-1]
     for i in range(j + 1, n):
-        if not factors[i].breaks:
+        if not factors[i].breaks or not need[(j, i)]:
             continue
         lij = L[:, i, j][:, None]
         rest = np.sqrt(np.sum(L[:, i, j + 1:i + 1] ** 2, axis=-1))[:, None]
@@ -141,7 +171,7 @@ def _crossings(shift, L, j, factors):
     return out
 
 
-def _expect_chunk(L, factors, n_gh, q, n_outer, inner, args):
+def _expect_chunk(L, factors, n_gh, q, n_outer, inner, args, need):
     B, n, _ = L.shape
     shift = np.zeros((B, 1, n))  # Σ_{i<j} L_ji z_i, per node
     weight = np.ones((B, 1))
@@ -151,7 +181,7 @@ def _expect_chunk(L, factors, n_gh, q, n_outer, inner, args):
         s = np.broadcast_to(L[:, j, j][:, None], m.shape)
         if inner is None and j == n - 1 and f.smooth is not None:
             return np.sum(weight * f.smooth(m, s), axis=1)
-        cross = _crossings(shift, L, j, factors)
+        cross = _crossings(shift, L, j, factors, need)
         breaks = f.breaks
         if j == 0 and cross and _all_at_zero(factors):
             # first level, every breakpoint at 0: all kinks and crossings are at z = 0;
@@ -178,11 +208,13 @@ def _all_at_zero(factors) -> bool:
     return all(b == 0.0 for f in factors for b in f.breaks)
 
 
-def _nodes_per_level(factors, j, n_gh, q, inner):
+def _nodes_per_level(factors, j, n_gh, q, inner, need):
     f = factors[j]
-    if inner is None and j == len(factors) - 1 and f.smooth is not None:
+    n = len(factors)
+    if inner is None and j == n - 1 and f.smooth is not None:
         return 1
-    kinks = len(f.breaks) + sum(len(g.breaks) for g in factors[j + 1:])
+    kinks = len(f.breaks) + sum(len(factors[i].breaks) for i in range(j + 1, n)
+                                if factors[i].breaks and need[(j, i)])
     if j == 0 and kinks and _all_at_zero(factors):
         kinks = 1
     return 2 * q * (kinks + 1) if kinks else n_gh
@@ -208,14 +240,20 @@ def nested_expectation(C: np.ndarray, factors, n_gh: int = 48, q: int = 20, inne
     L = semidefinite_cholesky(C)
     n = C.shape[-1]
     n_outer = n if inner is None else int(n_outer)
-    nodes = 1
-    for j in range(n_outer):
-        nodes *= _nodes_per_level(factors, j, n_gh, q, inner)
-    chunk = max(1, _CHUNK_NODES // max(nodes, 1))
+    sig = _signature(L, factors, n_outer)
     out = np.empty(C.shape[0])
-    for a in range(0, C.shape[0], chunk):
-        args = None if inner_args is None else inner_args[a:a + chunk]
-        out[a:a + chunk] = _expect_chunk(L[a:a + chunk], factors, n_gh, q, n_outer, inner, args)
+    patterns, group = np.unique(sig, axis=0, return_inverse=True)
+    for g, row in enumerate(patterns):  # batch elements with the same sharp crossings
+        sel = np.flatnonzero(group.ravel() == g)
+        need = _need_map(factors, n_outer, n, row)
+        nodes = 1
+        for j in range(n_outer):
+            nodes *= _nodes_per_level(factors, j, n_gh, q, inner, need)
+        chunk = max(1, _CHUNK_NODES // max(nodes, 1))
+        for a in range(0, sel.size, chunk):
+            idx = sel[a:a + chunk]
+            args = None if inner_args is None else inner_args[idx]
+            out[idx] = _expect_chunk(L[idx], factors, n_gh, q, n_outer, inner, args, need)
     return out
 
 

@@ -23,7 +23,9 @@ Closed forms (``family``):
   I4 = t² (4/π²)/√Λ₄ · arcsin(Λ₀/√(Λ₁Λ₂)) on C′.
 * ``linear``: I2 = P2 = C_ac, J2 = 1, I3 = C_bc, I4 = C_cd.
 * ``relu``, ``abs`` (homogeneous of degree 1, so P2 = I2): with ρ the correlation,
-  I2 = √(C_aa C_cc) K(ρ), J2 = K′(ρ) (arc-cosine / arcsine kernels); I4 by quadrature.
+  I2 = √(C_aa C_cc) K(ρ), J2 = K′(ρ) (arc-cosine / arcsine kernels); I4 and the
+  second-order E[g′g′e²] (:meth:`CommitteeIntegrals.gprime_e2`) by a 2-D nested quadrature
+  with the inner pair E[g(c)g(d) | a, b] in closed form (Owen's T).
 * ``polynomial`` (``quadratic``, ``he<p>``…): Gauss–Hermite with 2p + 1 nodes per level,
   exact up to rounding for every integral.
 * ``quadrature`` (sigmoid, tanh, user callables): nested conditional quadrature
@@ -130,24 +132,27 @@ class CommitteeIntegrals:
         self._pair = {"relu": nested.pair_relu, "abs": nested.pair_abs}.get(self.family)
         self._square = {"relu": nested.square_relu, "abs": nested.square_abs}.get(self.family)
         self._dg2 = nested.Factor(lambda x, f=act.deriv: f(x) ** 2, br)
-        if self.family == "polynomial":
-            n = 2 * int(self.param) + 1
+        if self.family == "polynomial" and method != "quadrature":
+            n = 2 * int(self.param) + 1  # exact: degree ≤ 4p − 2 per variable
             self.q.update(n2=n, n4=n)
 
     # ------------------------------------------------------------------ helpers
     def closed(self, which: str) -> bool:
-        """Whether integral ``which`` (i2, j2, p2, i3, i4) has a closed form here."""
-        if self.family in ("erf", "linear"):
+        """Whether integral ``which`` (i2, j2, p2, i3, i4) has a closed form here (for
+        polynomials: Gauss–Hermite with 2p + 1 nodes, exact)."""
+        if self.family in ("erf", "linear", "polynomial"):
             return True
         if self.family in ("relu", "abs"):
             return which != "i4"
         return False
 
     def _use_closed(self, which: str) -> bool:
+        """True: use the explicit formula; False: the nested quadrature (exact for
+        polynomials); raises for ``method="closed"`` without a closed form."""
         if self.method == "quadrature":
             return False
         if self.closed(which):
-            return True
+            return self.family != "polynomial"
         if self.method == "closed":
             raise ValueError(f"activation {self.activation.name!r} has no closed-form "
                              f"{which.upper()} (use method='auto' or 'quadrature')")

@@ -105,8 +105,10 @@ class CommitteeModel:
     """Everything but the student state: activation g, teacher (T (M, M), A (M,)), the row
     convention, the loss, step sizes η̄ = η·N (``lr``) and η̄_v (``lr_v``; ``None``: the
     second layer is frozen), label-noise variance, mini-batch size, whether the η² terms are
-    kept (``second_order``) and how the Gaussian integrals are computed (``method``,
-    ``quadrature``: see :class:`~hermite.committee.integrals.CommitteeIntegrals`)."""
+    kept (``second_order``), how the Gaussian integrals are computed (``method``,
+    ``quadrature``: see :class:`~hermite.committee.integrals.CommitteeIntegrals`) and which
+    first-layer rows move (``trainable``: K booleans, ``None`` = all; a frozen row has
+    δ_k = 0, as in the ``sparse`` learner)."""
 
     activation: object
     T: np.ndarray
@@ -121,6 +123,7 @@ class CommitteeModel:
     second_order: bool = True
     method: str = "auto"
     quadrature: dict | None = None
+    trainable: tuple | None = None
     integrals: CommitteeIntegrals = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -191,6 +194,9 @@ class CommitteeModel:
             raise ValueError("Q must have a positive diagonal (student rows of zero norm)")
         if self.rows == "unit" and not np.allclose(np.diag(Q), 1.0, rtol=0, atol=1e-8):
             raise ValueError("unit rows need diag(Q) = 1")
+        if self.trainable is not None and np.shape(self.trainable) != (K,):
+            raise ValueError(f"trainable must hold K = {K} booleans, got shape "
+                             f"{np.shape(self.trainable)}")
         _check_psd("[[Q, R], [Rᵀ, T]]", _full_cov(Q, R, self.T))
         return CommitteeState(0.5 * (Q + Q.T), R, v)
 
@@ -219,33 +225,24 @@ class DriftTerms:
 
 
 class _Plan:
-    """Index tuples of one (K, M, loss): the pairs and 4-tuples the drift needs."""
+    """Index pairs of one (K, M): (student, field) for the first order, all field pairs for
+    the loss."""
 
-    def __init__(self, K, M, loss):
+    def __init__(self, K, M):
         P = K + M
         self.K, self.M, self.P = K, M, P
         kk, cc = np.meshgrid(np.arange(K), np.arange(P), indexing="ij")
         self.pairs = np.stack([kk.ravel(), cc.ravel()], axis=1)  # (K·P, 2) (student, field)
-        iu = np.triu_indices(P)
-        self.all_pairs = np.stack(iu, axis=1)  # (P(P+1)/2, 2)
-        fields = np.arange(P) if loss == "squared" else np.arange(K, P)
-        ku = np.triu_indices(K)
-        fu = np.triu_indices(fields.size)
-        kl = np.stack(ku, axis=1)
-        cd = np.stack([fields[fu[0]], fields[fu[1]]], axis=1)
-        self.quads = np.concatenate([np.repeat(kl, len(cd), axis=0),
-                                     np.tile(cd, (len(kl), 1))], axis=1)  # (·, 4)
-        self.quad_mult = np.where(self.quads[:, 2] == self.quads[:, 3], 1.0, 2.0)
+        self.all_pairs = np.stack(np.triu_indices(P), axis=1)  # (P(P+1)/2, 2)
 
 
 _PLANS: dict = {}
 
 
-def _plan(K, M, loss) -> _Plan:
-    key = (K, M, loss)
-    if key not in _PLANS:
-        _PLANS[key] = _Plan(K, M, loss)
-    return _PLANS[key]
+def _plan(K, M) -> _Plan:
+    if (K, M) not in _PLANS:
+        _PLANS[(K, M)] = _Plan(K, M)
+    return _PLANS[(K, M)]
 
 
 def _sub(C, idx):
@@ -259,7 +256,7 @@ def committee_terms(model: CommitteeModel, state: CommitteeState, *,
         state = model.check_state(state)
     Q, R, v = state.Q, state.R, state.v
     K, M = Q.shape[0], model.M
-    pl = _plan(K, M, model.loss)
+    pl = _plan(K, M)
     ig = model.integrals
     C = _full_cov(Q, R, model.T)
     s, gam = float(model.loss_scale), model.gamma
@@ -274,7 +271,8 @@ def committee_terms(model: CommitteeModel, state: CommitteeState, *,
     caa = np.diag(C)[:K, None, None]
     I3 = stein_i3(caa, ck[:, :, None], ck[:, None, :], C[None, :, :],
                   P2[:, None, :], J2[:, None, :])  # (K, b, c)
-    D = -gam * s * v[:, None] * np.einsum("kbc,c->kb", I3, coef)
+    vd = v if model.trainable is None else v * np.asarray(model.trainable, dtype=float)
+    D = -gam * s * vd[:, None] * np.einsum("kbc,c->kb", I3, coef)
 
     # second order: S_kl = γ² s² v_k v_l (E[g′(λ_k) g′(λ_l) e²] + σ² J2(λ_k, λ_l))
     S = np.zeros((K, K))
@@ -285,7 +283,7 @@ def committee_terms(model: CommitteeModel, state: CommitteeState, *,
             tot = tot + model.noise_var * J2[ku[0], ku[1]]
         S[ku] = tot
         S = S + np.triu(S, 1).T
-        S *= gam * gam * s * s * np.outer(v, v)
+        S *= gam * gam * s * s * np.outer(vd, vd)
 
     # second layer
     Gv = np.zeros(K)
@@ -324,7 +322,7 @@ def committee_loss(model: CommitteeModel, state: CommitteeState) -> float:
     """ε = s E[(f* − f̂)²] = s Σ_ab c_a c_b I2(a, b), c = (−v, A), s = ``model.loss_scale``."""
     state = model.check_state(state)
     K = state.Q.shape[0]
-    pl = _plan(K, model.M, model.loss)
+    pl = _plan(K, model.M)
     C = _full_cov(state.Q, state.R, model.T)
     I2 = model.integrals.i2(_sub(C, pl.all_pairs))
     coef = np.concatenate([-state.v, model.A])
@@ -333,12 +331,15 @@ def committee_loss(model: CommitteeModel, state: CommitteeState) -> float:
     return float(model.loss_scale * np.sum(mult * coef[a] * coef[b] * I2))
 
 
-def committee_alignment(state: CommitteeState, T) -> float:
-    """Mean over teacher neurons m of max_k |R_km|/√(Q_kk T_mm)."""
+def committee_alignment(state: CommitteeState, T, diagonal: bool = False) -> float:
+    """Mean over teacher neurons m of max_k |R_km|/√(Q_kk T_mm) (``scratch``'s overlap), or
+    with ``diagonal`` of R_mm/√(Q_mm T_mm) (``sparse``'s, K = M)."""
     Q, R = np.asarray(state.Q), np.asarray(state.R)
     T = np.array(T, dtype=np.float64, ndmin=2)
-    cos = np.abs(R) / np.sqrt(np.outer(np.diag(Q), np.diag(T)))
-    return float(cos.max(axis=0).mean())
+    cos = R / np.sqrt(np.outer(np.diag(Q), np.diag(T)))
+    if diagonal:
+        return float(np.diagonal(cos).mean())
+    return float(np.abs(cos).max(axis=0).mean())
 
 
 @dataclass(frozen=True)
