@@ -147,6 +147,9 @@ class RunConfig:
             if getattr(self, name) not in valid:
                 raise ConfigError(name, f"must be one of {', '.join(valid)}, "
                                         f"got {getattr(self, name)!r}")
+        if self.streams == "counter" and self.device == "cuda":
+            raise ConfigError("streams", "'counter' streams are CPU only (device cuda: use "
+                                         "per_run or shared)")
         if self.xi_values is not None:
             if not self.xi_values or any(x < 0 for x in self.xi_values):
                 raise ConfigError("xi_values", "must be a non-empty list of ξ ≥ 0")

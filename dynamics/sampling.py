@@ -102,6 +102,8 @@ class NoiseSource:
                  dtype: torch.dtype, chunk_steps: int | None = None,
                  threads: int | None = None, per_run: bool | None = None,
                  counter: bool = False):
+        if counter and device.type != "cpu":
+            raise ValueError("streams 'counter' are CPU only (use per_run or shared)")
         self.width, self.batch = ALIGN * math.ceil((d + extra) / ALIGN), batch
         per_step = runs * batch * self.width * torch.empty((), dtype=dtype).element_size()
         self.chunk_steps = int(chunk_steps or max(1, min(MAX_CHUNK_STEPS,
@@ -113,9 +115,7 @@ class NoiseSource:
         self.sqnorm_cols = sqnorm_cols
         self.per_run = device.type == "cpu" if per_run is None else bool(per_run)
         self.counter, self._drawn = bool(counter), 0  # numbers drawn per run so far
-        if self.counter:  # counter-based ziggurat (``dynamics.counter_stream``), CPU only
-            if device.type != "cpu":
-                raise ValueError("streams 'counter' are CPU only (use per_run or shared)")
+        if self.counter:  # counter-based ziggurat (``dynamics.counter_stream``)
             from .counter_stream import counter_keys
 
             self.per_run, self.generators = True, []

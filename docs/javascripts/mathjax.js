@@ -1,6 +1,6 @@
-// MathJax 3 for pymdownx.arithmatex (generic mode) and for the tutorials' markdown cells.
-// Only elements of class "arithmatex" (pages) or "jp-RenderedMarkdown" (executed notebooks)
-// are typeset; everything else (code, tables of numbers with $) is left alone.
+// MathJax 3 for pymdownx.arithmatex (generic mode: \( \) and \[ \]) and for the tutorials'
+// Markdown cells ($ $ and $$ $$). Code (pre, code) is never typeset; an element of class
+// tex2jax_ignore is left alone.
 window.MathJax = {
   tex: {
     inlineMath: [["\\(", "\\)"], ["$", "$"]],
@@ -9,8 +9,8 @@ window.MathJax = {
     processEnvironments: true
   },
   options: {
-    ignoreHtmlClass: ".*|",
-    processHtmlClass: "arithmatex|jp-RenderedMarkdown"
+    ignoreHtmlClass: "tex2jax_ignore|md-search|md-nav|md-header",
+    processHtmlClass: "tex2jax_process|arithmatex"
   }
 };
 

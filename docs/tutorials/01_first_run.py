@@ -28,6 +28,7 @@
 
 # %%
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,11 +44,13 @@ from dynamics.config import RunConfig
 from dynamics.engine import simulate
 from sims.io import read_trajectory, write_trajectory
 
-workdir = Path(tempfile.mkdtemp(prefix="loradyn-tutorial-"))  # every file of this tutorial
+workdir = Path(
+    tempfile.mkdtemp(prefix="loradyn-tutorial-")
+)  # every file of this tutorial
 t_start = time.perf_counter()
 
 # %% [markdown]
-# ## The instance and its drift $h(m)$
+# ## The instance and its drift h(m)
 #
 # An instance is a small dict (or a TOML/JSON file, see
 # [Instance specification](../instance-spec.md)). Its generators (orthonormal $W$, quantized
@@ -56,23 +59,35 @@ t_start = time.perf_counter()
 # form.
 
 # %%
-spec = {"activation": "relu", "k": 5, "d": 200, "xi": 1.0, "W": "orthonormal",
-        "c": "quantized", "c_hat": "quantized", "seed": 1}
+spec = {
+    "activation": "relu",
+    "k": 5,
+    "d": 200,
+    "xi": 1.0,
+    "W": "orthonormal",
+    "c": "quantized",
+    "c_hat": "quantized",
+    "seed": 1,
+}
 inst = build_instance(spec)
 print(f"k = {inst.k}, d = {inst.d}, ξ = {inst.xi}, σ = {inst.activation.name}")
 print("c =", np.round(inst.c, 3), " ĉ =", np.round(inst.c_hat, 3))
-print("Hermite coefficients μ_0..μ_4 of ReLU:",
-      np.round(hermite.hermite_coefficients(inst.activation, 4), 4))
+print(
+    "Hermite coefficients μ_0..μ_4 of ReLU:",
+    np.round(hermite.hermite_coefficients(inst.activation, 4), 4),
+)
 
 m = np.linspace(-1, 1, 201)
 fig, ax = plt.subplots(figsize=(5, 3))
 ax.plot(m, hermite.h(inst, m))
 ax.axhline(0, color="0.7", lw=0.8)
-ax.set(xlabel="overlap m", ylabel="h(m)", title="population drift of this instance")
+ax.set(
+    xlabel="overlap m", ylabel="h(m)", title="population drift of this instance"
+)
 fig.tight_layout()
 
 # %% [markdown]
-# ## Simulate: `simulate(RunConfig(...))`
+# ## Simulate with RunConfig and simulate
 #
 # A `RunConfig` holds everything that defines a batch of runs: here 32 runs, η = 0.4/d,
 # 8000 steps. The runs share the instance and differ in their random streams (run r's
@@ -82,12 +97,21 @@ fig.tight_layout()
 
 # %%
 eta = 0.4 / inst.d
-config = RunConfig(instance=spec, eta=eta, steps=8000, runs=32, seed=0, checkpoints=40,
-                   engine="full").validate()
+config = RunConfig(
+    instance=spec,
+    eta=eta,
+    steps=8000,
+    runs=32,
+    seed=0,
+    checkpoints=40,
+    engine="full",
+).validate()
 t0 = time.perf_counter()
 traj = simulate(config)
-print(f"{traj.runs} runs × {config.steps} steps in {time.perf_counter() - t0:.1f} s "
-      f"({traj.engine} engine)")
+print(
+    f"{traj.runs} runs × {config.steps} steps in {time.perf_counter() - t0:.1f} s "
+    f"({traj.engine} engine)"
+)
 traj.summary()
 
 # %% [markdown]
@@ -106,9 +130,21 @@ fig, ax = plt.subplots(figsize=(6.5, 3.8))
 ax.fill_between(traj.steps, q10, q90, alpha=0.25, label="SGD 10–90 %")
 ax.plot(traj.steps, q50, label="SGD median")
 ax.plot(traj.steps, traj.ode.mean(0), "k--", label="population ODE")
-ax.plot(traj.steps, traj.ode_corrected.mean(0), "r:", lw=2, label="noise-corrected map")
-ax.plot(traj.steps, traj.band_lower.mean(0), color="r", lw=0.8, alpha=0.6,
-        label="theory band 10–90 %")
+ax.plot(
+    traj.steps,
+    traj.ode_corrected.mean(0),
+    "r:",
+    lw=2,
+    label="noise-corrected map",
+)
+ax.plot(
+    traj.steps,
+    traj.band_lower.mean(0),
+    color="r",
+    lw=0.8,
+    alpha=0.6,
+    label="theory band 10–90 %",
+)
 ax.plot(traj.steps, traj.band_upper.mean(0), color="r", lw=0.8, alpha=0.6)
 ax.set(xscale="symlog", xlabel="steps", ylabel="⟨û, u⟩", ylim=(-0.3, 1.0))
 ax.legend(loc="upper left", fontsize=8)
@@ -120,10 +156,14 @@ fig.tight_layout()
 # %%
 floor, floor_se = hermite.noise_floor(inst, eta, inst.d)
 late = traj.overlap[:, traj.steps >= 5000]
-print(f"noise floor predicted {floor:.4f} ± {floor_se:.4f}, "
-      f"measured (mean over runs and the last checkpoints) {late.mean():.4f}")
-print(f"plain ODE at the end: {traj.ode[:, -1].mean():.4f}; corrected map: "
-      f"{traj.ode_corrected[:, -1].mean():.4f}")
+print(
+    f"noise floor predicted {floor:.4f} ± {floor_se:.4f}, "
+    f"measured (mean over runs and the last checkpoints) {late.mean():.4f}"
+)
+print(
+    f"plain ODE at the end: {traj.ode[:, -1].mean():.4f}; corrected map: "
+    f"{traj.ode_corrected[:, -1].mean():.4f}"
+)
 
 # %% [markdown]
 # ## The HDF5 file, read back
@@ -132,10 +172,21 @@ print(f"plain ODE at the end: {traj.ode[:, -1].mean():.4f}; corrected map: "
 # provenance ([schema](../hdf5-schema.md)); `read_trajectory` gives back the same arrays.
 
 # %%
-path = write_trajectory(workdir / "first.h5", traj, config, config.run_instances())
+path = write_trajectory(
+    workdir / "first.h5", traj, config, config.run_instances()
+)
 back, meta = read_trajectory(path)
-assert np.array_equal(back.overlap, traj.overlap) and np.array_equal(back.loss, traj.loss)
-print("learner:", meta["learner"], "| engine:", meta["engine"], "| loss:", meta["loss_kind"])
+assert np.array_equal(back.overlap, traj.overlap) and np.array_equal(
+    back.loss, traj.loss
+)
+print(
+    "learner:",
+    meta["learner"],
+    "| engine:",
+    meta["engine"],
+    "| loss:",
+    meta["loss_kind"],
+)
 print("η from the file:", meta["config"]["eta"])
 print("datasets:", meta["datasets"])
 
@@ -145,7 +196,7 @@ print("datasets:", meta["datasets"])
 # index.
 
 # %%
-from sims.io.xarray import to_dataframe, to_dataset  # noqa: E402
+from sims.io.xarray import to_dataframe, to_dataset
 
 ds = to_dataset(path)
 print(ds)
@@ -161,7 +212,9 @@ to_dataframe(ds).head()
 
 # %%
 spec_file = workdir / "spec.toml"
-spec_file.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in spec.items()) + "\n")
+spec_file.write_text(
+    "\n".join(f"{k} = {json.dumps(v)}" for k, v in spec.items()) + "\n"
+)
 
 
 def loradyn(*args) -> str:
@@ -170,12 +223,29 @@ def loradyn(*args) -> str:
     cmd = [str(exe) if exe.exists() else "loradyn", *map(str, args)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout}{done.stderr}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed:\n{done.stdout}{done.stderr}"
+        )
     return done.stdout
 
 
-out = json.loads(loradyn("run", spec_file, "--runs", 32, "--steps", 8000, "--eta", eta,
-                         "--checkpoints", 40, "--out", workdir / "first_cli.h5", "--json"))
+out = json.loads(
+    loradyn(
+        "run",
+        spec_file,
+        "--runs",
+        32,
+        "--steps",
+        8000,
+        "--eta",
+        eta,
+        "--checkpoints",
+        40,
+        "--out",
+        workdir / "first_cli.h5",
+        "--json",
+    )
+)
 print("keys:", sorted(out))
 print("recorded quantities:", sorted(out["quantities"]))
 print("final mean loss (JSON):", out["loss_mean"][-1])
@@ -189,3 +259,4 @@ print("final mean loss (file):", cli_traj.loss[~cli_traj.diverged, -1].mean())
 assert np.allclose(cli_traj.overlap, traj.overlap, rtol=0, atol=1e-12)
 print(loradyn("show", workdir / "first_cli.h5"))
 print(f"tutorial ran in {time.perf_counter() - t_start:.0f} s")
+shutil.rmtree(workdir)  # the files of this tutorial

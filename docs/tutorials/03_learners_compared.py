@@ -48,7 +48,7 @@ def band(ax, steps, values, label, **style):
 
 
 # %% [markdown]
-# ## 1. Fine-tuning vs its linearization ($\xi = \sqrt k$)
+# ## 1. Fine-tuning vs its linearization (ξ = √k)
 #
 # ReLU, $k = 8$, $d = 200$, the perturbation as large as the base rows allow, $\xi = \sqrt k$
 # (unit rows, $W$ random, $c$ and $\hat c$ Gaussian). Both learners train $\hat u$ and $\hat c$
@@ -59,21 +59,44 @@ def band(ax, steps, values, label, **style):
 
 # %%
 d, k = 200, 8
-spec = {"activation": "relu", "k": k, "d": d, "xi": math.sqrt(k), "W": "separated",
-        "c": "gaussian", "c_hat": "gaussian", "seed": 0}
-common = dict(instance=spec, eta=0.02 / d, steps=150 * d, runs=4, seed=0, checkpoints=40,
-              joint_c=True)
+spec = {
+    "activation": "relu",
+    "k": k,
+    "d": d,
+    "xi": math.sqrt(k),
+    "W": "separated",
+    "c": "gaussian",
+    "c_hat": "gaussian",
+    "seed": 0,
+}
+common = dict(
+    instance=spec,
+    eta=0.02 / d,
+    steps=150 * d,
+    runs=4,
+    seed=0,
+    checkpoints=40,
+    joint_c=True,
+)
 t0 = time.perf_counter()
 ft = simulate(RunConfig(learner="finetune", engine="auto", **common).validate())
 lin = simulate(RunConfig(learner="linearized", **common).validate())
-print(f"finetune ({ft.engine} engine) and linearized ({lin.engine}) in "
-      f"{time.perf_counter() - t0:.0f} s")
+print(
+    f"finetune ({ft.engine} engine) and linearized ({lin.engine}) in "
+    f"{time.perf_counter() - t0:.0f} s"
+)
 
 # %%
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
 band(ax1, ft.steps, ft.loss, "fine-tuning (rank-1 LoRA)")
 band(ax1, lin.steps, lin.loss, "linearized: true loss")
-band(ax1, lin.steps, lin.extra["loss_linear"], "linearized: linear model's loss", ls=":")
+band(
+    ax1,
+    lin.steps,
+    lin.extra["loss_linear"],
+    "linearized: linear model's loss",
+    ls=":",
+)
 ax1.set(xscale="symlog", yscale="log", xlabel="steps", ylabel="population loss")
 ax1.legend(fontsize=8)
 band(ax2, ft.steps, np.abs(ft.overlap), "fine-tuning")
@@ -83,8 +106,11 @@ ax2.legend(fontsize=8)
 fig.tight_layout()
 
 # %%
-print(f"final loss: fine-tuning {np.median(ft.loss[:, -1]):.4f}, "
-      f"linearized {np.median(lin.loss[:, -1]):.3f} (base model {np.median(ft.loss[:, 0]):.2f})")
+print(
+    f"final loss: fine-tuning {np.median(ft.loss[:, -1]):.4f}, "
+    f"linearized {np.median(lin.loss[:, -1]):.3f} "
+    f"(base model {np.median(ft.loss[:, 0]):.2f})"
+)
 
 # %% [markdown]
 # Both find the direction $u$, but only fine-tuning turns it into a small loss: the
@@ -100,15 +126,43 @@ print(f"final loss: fine-tuning {np.median(ft.loss[:, -1]):.4f}, "
 # 6000 steps, learning from scratch ten times as many.
 
 # %%
-claim2 = {"activation": "he3", "k": 4, "d": 200, "xi": 1.0, "W": "claim2", "c_hat": "teacher",
-          "seed": 0}
+claim2 = {
+    "activation": "he3",
+    "k": 4,
+    "d": 200,
+    "xi": 1.0,
+    "W": "claim2",
+    "c_hat": "teacher",
+    "seed": 0,
+}
 t0 = time.perf_counter()
-ft2 = simulate(RunConfig(instance=claim2, learner="finetune", eta=0.05 / 200, steps=6000,
-                         runs=8, seed=0, checkpoints=40, engine="auto").validate())
-sc2 = simulate(RunConfig(instance=claim2, learner="scratch", eta=0.005 / 200, steps=60000,
-                         runs=4, seed=0, checkpoints=40).validate())
-print(f"finetune ({ft2.engine}) and scratch ({sc2.engine}) in "
-      f"{time.perf_counter() - t0:.0f} s")
+ft2 = simulate(
+    RunConfig(
+        instance=claim2,
+        learner="finetune",
+        eta=0.05 / 200,
+        steps=6000,
+        runs=8,
+        seed=0,
+        checkpoints=40,
+        engine="auto",
+    ).validate()
+)
+sc2 = simulate(
+    RunConfig(
+        instance=claim2,
+        learner="scratch",
+        eta=0.005 / 200,
+        steps=60000,
+        runs=4,
+        seed=0,
+        checkpoints=40,
+    ).validate()
+)
+print(
+    f"finetune ({ft2.engine}) and scratch ({sc2.engine}) in "
+    f"{time.perf_counter() - t0:.0f} s"
+)
 
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
 band(ax, ft2.steps, ft2.loss, "fine-tuning, 6·10³ steps")
@@ -119,11 +173,15 @@ fig.tight_layout()
 
 # %%
 reached = ft2.first_passage(0.9)
-print(f"fine-tuning: overlap 0.9 after a median {np.nanmedian(reached):.0f} steps, final loss "
-      f"{np.median(ft2.loss[:, -1]):.3f}")
-print(f"from scratch after 10× the steps: loss {np.median(sc2.loss[:, -1]):.2f} "
-      f"(start {np.median(sc2.loss[:, 0]):.2f}); alignment with the teacher rows "
-      f"{np.median(sc2.extra['alignment'][:, -1]):.2f}")
+print(
+    f"fine-tuning: overlap 0.9 after a median {np.nanmedian(reached):.0f} "
+    f"steps, final loss {np.median(ft2.loss[:, -1]):.3f}"
+)
+print(
+    f"from scratch after 10× the steps: loss {np.median(sc2.loss[:, -1]):.2f} "
+    f"(start {np.median(sc2.loss[:, 0]):.2f}); alignment with the teacher rows "
+    f"{np.median(sc2.extra['alignment'][:, -1]):.2f}"
+)
 
 # %% [markdown]
 # From scratch the rows must first find the teacher's directions from an overlap of order
@@ -144,38 +202,70 @@ print(f"from scratch after 10× the steps: loss {np.median(sc2.loss[:, -1]):.2f}
 # ([Rank r](../theory/rank-r.md)).
 
 # %%
-rank_spec = {"activation": "relu", "k": 8, "d": 200, "xi": 1.0, "W": "orthonormal",
-             "lam": "ones", "c_hat": "teacher", "seed": 0, "C": "spectrum",
-             "spectrum": [1.0, 0.5]}
+rank_spec = {
+    "activation": "relu",
+    "k": 8,
+    "d": 200,
+    "xi": 1.0,
+    "W": "orthonormal",
+    "lam": "ones",
+    "c_hat": "teacher",
+    "seed": 0,
+    "C": "spectrum",
+    "spectrum": [1.0, 0.5],
+}
 t0 = time.perf_counter()
-lora = simulate(RunConfig(instance=rank_spec, learner="lora", rank=2, eta=0.2 / 200,
-                          steps=14000, runs=8, seed=0, checkpoints=60, spacing="linear",
-                          engine="full").validate())
-print(f"lora rank 2 ({lora.engine} engine) in {time.perf_counter() - t0:.0f} s; extras:",
-      sorted(lora.extra))
+lora = simulate(
+    RunConfig(
+        instance=rank_spec,
+        learner="lora",
+        rank=2,
+        eta=0.2 / 200,
+        steps=14000,
+        runs=8,
+        seed=0,
+        checkpoints=60,
+        spacing="linear",
+        engine="full",
+    ).validate()
+)
+print(
+    f"lora rank 2 ({lora.engine} engine) in "
+    f"{time.perf_counter() - t0:.0f} s; extras:",
+    sorted(lora.extra),
+)
 
 sv, ode = lora.extra["singular_values"], lora.extra["ode_singular_values"]
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
 for a in range(2):
     line = band(ax, lora.steps, sv[:, :, a], f"σ{'₁₂'[a]}(UᵀÛ), SGD")
-    ax.plot(lora.steps, np.median(ode[:, :, a], 0), "--", color=line.get_color(),
-            label=f"σ{'₁₂'[a]}, matrix ODE")
+    ax.plot(
+        lora.steps,
+        np.median(ode[:, :, a], 0),
+        "--",
+        color=line.get_color(),
+        label=f"σ{'₁₂'[a]}, matrix ODE",
+    )
 ax.axhline(0.5, color="0.6", lw=0.8)
 ax.set(xlabel="steps", ylabel="singular values of M = UᵀÛ")
 ax.legend(fontsize=8)
 fig.tight_layout()
 
+
 # %%
 def passage(curve, level=0.5):
-    """Per run, the first checkpoint step at which ``curve`` (R, C) reaches ``level``."""
+    """Per run, the first checkpoint step at which ``curve`` (R, C)
+    reaches ``level``."""
     hit = curve >= level
     return np.where(hit.any(1), lora.steps[np.argmax(hit, 1)], np.nan)
 
 
 t1, t2 = (np.nanmedian(passage(sv[:, :, a])) for a in range(2))
 o1, o2 = (np.nanmedian(passage(ode[:, :, a])) for a in range(2))
-print(f"σ₁ passes 0.5 after {t1:.0f} steps, σ₂ after {t2:.0f}: T₂/T₁ = {t2 / t1:.2f} "
-      f"(matrix ODE {o2 / o1:.2f})")
+print(
+    f"σ₁ passes 0.5 after {t1:.0f} steps, σ₂ after {t2:.0f}: "
+    f"T₂/T₁ = {t2 / t1:.2f} (matrix ODE {o2 / o1:.2f})"
+)
 print(f"tutorial ran in {time.perf_counter() - t_start:.0f} s")
 
 # %% [markdown]

@@ -29,7 +29,6 @@ import hashlib
 import math
 from pathlib import Path
 
-import numba
 import numpy as np
 import torch
 from numba import njit, prange
@@ -37,8 +36,7 @@ from numba import njit, prange
 from hermite.activations import get_activation
 from hermite.activations_numba import act_code, sigma_and_deriv
 
-__all__ = ["network_chunk", "linear_chunk", "kernel_activation", "examples_view",
-           "use_parallel"]
+__all__ = ["network_chunk", "linear_chunk", "kernel_activation", "examples_view"]
 
 # reassociation (vectorised reductions) and contraction (FMA); no nnan/ninf: NaN must survive
 _FM = {"reassoc", "contract", "nsz"}
@@ -94,11 +92,6 @@ def examples_view(x: torch.Tensor):
     flat = torch.as_strided(x, (span,), (1,))
     s0, s1, s2, _ = x.stride()
     return flat.numpy(), 0, s0, s1, s2
-
-
-def use_parallel(runs: int) -> bool:
-    """Whether to run the ``prange`` driver (more than one run and numba thread)."""
-    return runs > 1 and numba.get_num_threads() > 1
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -217,17 +210,11 @@ def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, 
         a, a_next = a_next, a
 
 
-@njit(cache=True)
-def _network_serial(rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
-                    has_pre, code, p, correlation, train, norms):
-    for r in range(rows.shape[0]):
-        _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
-                     has_pre, code, p, correlation, train, norms)
-
-
 @njit(cache=True, parallel=True)
-def _network_parallel(rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
-                      has_pre, code, p, correlation, train, norms):
+def _network_runs(rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
+                  has_pre, code, p, correlation, train, norms):
+    """Every run (``prange``: one compiled path whatever the threads, so a run's numbers
+    do not depend on R or on the number of threads)."""
     for r in prange(rows.shape[0]):
         _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
                      has_pre, code, p, correlation, train, norms)
@@ -248,10 +235,10 @@ def network_chunk(rows: torch.Tensor, lam_hat: torch.Tensor, x: torch.Tensor,
     n = x.shape[1]
     has_pre = a_pre is not None
     pre = (a_pre.contiguous() if has_pre else torch.empty((1, 1, 1, 1), dtype=rows.dtype))
-    run = _network_parallel if use_parallel(rows.shape[0]) else _network_serial
-    run(rows.numpy(), lam_hat.numpy(), xf, off, s0, s1, s2, n, y.contiguous().numpy(),
-        eta_r.numpy(), eta_c_r.numpy(), mask.numpy(), pre.numpy(), has_pre,
-        activation[0], activation[1], correlation, train, norms.numpy())
+    _network_runs(rows.numpy(), lam_hat.numpy(), xf, off, s0, s1, s2, n,
+                  y.contiguous().numpy(), eta_r.numpy(), eta_c_r.numpy(), mask.numpy(),
+                  pre.numpy(), has_pre, activation[0], activation[1], correlation, train,
+                  norms.numpy())
 
 
 # ---------------------------------------------------------------------------- full-rank Δ
@@ -336,17 +323,9 @@ def _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, 
         dx, dx_next = dx_next, dx
 
 
-@njit(cache=True)
-def _linear_serial(delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
-                   project, norms):
-    for r in range(delta.shape[0]):
-        _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
-                    project, norms)
-
-
 @njit(cache=True, parallel=True)
-def _linear_parallel(delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
-                     project, norms):
+def _linear_runs(delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
+                 project, norms):
     for r in prange(delta.shape[0]):
         _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
                     project, norms)
@@ -363,7 +342,6 @@ def linear_chunk(delta: torch.Tensor, x: torch.Tensor, z: torch.Tensor, y: torch
     """
     xf, off, s0, s1, s2 = examples_view(x)
     lmat = (l if l.dim() == 3 else l[None]).contiguous()
-    run = _linear_parallel if use_parallel(delta.shape[0]) else _linear_serial
-    run(delta.numpy(), xf, off, s0, s1, s2, x.shape[1], z.contiguous().numpy(),
-        y.contiguous().numpy(), f0.contiguous().numpy(), beta.contiguous().numpy(),
-        lmat.numpy(), eta_r.numpy(), float(prox), bool(project), norms.numpy())
+    _linear_runs(delta.numpy(), xf, off, s0, s1, s2, x.shape[1], z.contiguous().numpy(),
+                 y.contiguous().numpy(), f0.contiguous().numpy(), beta.contiguous().numpy(),
+                 lmat.numpy(), eta_r.numpy(), float(prox), bool(project), norms.numpy())

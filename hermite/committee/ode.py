@@ -318,9 +318,14 @@ def committee_step(model: CommitteeModel, state: CommitteeState, N: float) -> Co
     return state + committee_drift(model, state).scaled(1.0 / float(N))
 
 
-def committee_loss(model: CommitteeModel, state: CommitteeState) -> float:
-    """ε = s E[(f* − f̂)²] = s Σ_ab c_a c_b I2(a, b), c = (−v, A), s = ``model.loss_scale``."""
-    state = model.check_state(state)
+def committee_loss(model: CommitteeModel, state: CommitteeState, *,
+                   check: bool = True) -> float:
+    """ε = s E[(f* − f̂)²] = s Σ_ab c_a c_b I2(a, b), c = (−v, A), s = ``model.loss_scale``.
+
+    ``check=False`` skips :meth:`CommitteeModel.check_state` (an integrated state at the
+    R = T fixed point is PSD only up to the integrator's error)."""
+    if check:
+        state = model.check_state(state)
     K = state.Q.shape[0]
     pl = _plan(K, model.M)
     C = _full_cov(state.Q, state.R, model.T)
@@ -426,7 +431,7 @@ def committee_ode(model: CommitteeModel, state0: CommitteeState, alphas, *,
     for s_ in states:
         if not (np.all(np.isfinite(s_.Q)) and np.all(np.isfinite(s_.R))):
             raise RuntimeError("the ODE diverged (non-finite order parameters): lower lr")
-    loss = np.array([committee_loss(model, replace(s_, Q=0.5 * (s_.Q + s_.Q.T)))
+    loss = np.array([committee_loss(model, replace(s_, Q=0.5 * (s_.Q + s_.Q.T)), check=False)
                      for s_ in states])
     align = np.array([committee_alignment(s_, model.T) for s_ in states])
     return CommitteeTrajectory(alphas, np.stack([s_.Q for s_ in states]),

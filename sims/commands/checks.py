@@ -138,7 +138,7 @@ def check_sweep(spec, out=None, *, batch: bool = True, max_batch_runs: int | Non
 
     from dynamics.budget import MemoryBudgetError
     from sims.experiments.sweep_batch import MAX_BATCH_RUNS, plan_batches
-    from sims.io.outputs import OutputError, _hdf5_format
+    from sims.io.outputs import OutputError, hdf5_format
     from sims.io.sweep import cell_dir
 
     cells = spec.cells()
@@ -154,7 +154,7 @@ def check_sweep(spec, out=None, *, batch: bool = True, max_batch_runs: int | Non
     side = cell_dir(out)
     if side.exists() and not side.is_dir():
         raise OutputError(f"--out {out}: its cell folder {side} exists and is not a folder")
-    if force and out.is_file() and _hdf5_format(out) != "loradyn-sweep":
+    if force and out.is_file() and hdf5_format(out) != "loradyn-sweep":
         out.unlink()
 
 

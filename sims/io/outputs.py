@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["OutputError", "Output", "Input", "check_outputs", "describe_file",
+__all__ = ["OutputError", "Output", "Input", "check_outputs", "describe_file", "hdf5_format",
            "HDF5_SUFFIXES", "FIGURE_SUFFIXES", "POLICIES"]
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
@@ -102,7 +102,9 @@ def describe_file(path) -> str:
     return "text file"
 
 
-def _hdf5_format(path: Path) -> str | None:
+def hdf5_format(path) -> str | None:
+    """The ``format`` attribute of an HDF5 file ('' if none), None if it is not HDF5."""
+    path = Path(path)
     try:
         import h5py
 
@@ -180,7 +182,7 @@ def _check_existing(out: Output, path: Path, force: bool) -> None:
         return
     replace = force
     if out.policy == "sweep":
-        fmt = _hdf5_format(path)
+        fmt = hdf5_format(path)
         if fmt == "loradyn-sweep":
             replace = True  # resumed, not replaced
         elif not force:
@@ -190,7 +192,7 @@ def _check_existing(out: Output, path: Path, force: bool) -> None:
                 "choose another path")
     elif out.policy == "derived":
         data = Path(out.data) if out.data is not None else None
-        resumed = data is not None and data.exists() and _hdf5_format(data) == "loradyn-sweep"
+        resumed = data is not None and data.exists() and hdf5_format(data) == "loradyn-sweep"
         if resumed and _is_figure(path):
             replace = True
         elif not force:
