@@ -12,12 +12,12 @@ What is timed, interleaved ``--repeats`` times (medians and their ratios are rep
 - nn2pp: the whole process for two horizons α₁ < α₂ (``--steps`` counts updates in units
   of N), wall time and CPU time (rusage) of each; rate = (α₂ − α₁)·N / difference, which
   removes start-up (teacher, student, output file) and its printing (200 log-spaced rows
-  with Q, R, T, the same number in both horizons from α₁ = 0.5 on). Flags ``-N N -K w -M w --lr 0.5 --seed 1
-  --quiet``; activation g = erf(x/√2) (its default, ``--g1 1 --g2 1``) for teacher and
-  student, fixed second layer (A = v = 1). nn2pp's ReLU (``--g1 2 --g2 2``) is not used by
-  default: with a ReLU it computes a numerical test error on 10⁵ fresh N-dimensional inputs
-  at each of its ~200 print times (10⁵·N·K flops each), which would time that evaluation,
-  not the SGD steps (``--nn2pp-g 2`` forces it anyway).
+  with Q, R, T, the same number in both horizons from α₁ = 0.5 on). Flags ``-N N -K w
+  -M w --lr 0.5 --seed 1 --quiet``; σ = erf(x/√2) (its default, ``--g1 1 --g2 1``) for
+  teacher and student, fixed second layer (A = v = 1). nn2pp's ReLU (``--g1 2 --g2 2``) is
+  not used by default: with a ReLU it computes a numerical test error on 10⁵ fresh
+  N-dimensional inputs at each of its ~200 print times (10⁵·N·K flops each), which would
+  time that evaluation, not the SGD steps (``--nn2pp-g 2`` forces it anyway).
 - loradyn: ``scratch`` (fixed second layer λ̂ = λ, width = k), one run, the full engine's
   hot loop ``FullRun.advance`` (sampling included; no set-up), wall and process CPU time.
   erf(x/√2) is not a loradyn activation (``erf`` is erf(x); a user's numpy σ would leave
@@ -82,7 +82,11 @@ def nn2pp_rate(exe, n, width, alphas, g, cwd) -> tuple[float, float]:
     """(wall, CPU) steps/s from the two horizons α₁ < α₂."""
     (w1, c1), (w2, c2) = (_nn2pp_once(exe, n, width, a, g, cwd) for a in alphas)
     steps = (alphas[1] - alphas[0]) * n
-    return steps / max(w2 - w1, 1e-9), steps / max(c2 - c1, 1e-9)
+
+    def per_s(dt):  # NaN when noise swamped the difference (ignored by the medians)
+        return steps / dt if dt > 0 else float("nan")
+
+    return per_s(w2 - w1), per_s(c2 - c1)
 
 
 # ---------------------------------------------------------------------------- loradyn
@@ -131,8 +135,9 @@ def _calibrate_nn2pp(exe, n, width, g, cwd, seconds) -> tuple[float, float]:
 
     nn2pp prints (and computes Q, R, T: O(K²N)) at 200 log-spaced times in [0.1, α]; from
     α ≥ 0.3 they fall on 200 distinct steps, so both horizons pay the same printing."""
-    wall, _ = nn2pp_rate(exe, n, width, (ALPHA0, ALPHA0 + 0.25), g, cwd)
-    d_alpha = max(0.25, round(seconds * wall / n, 2))
+    probe = ALPHA0 + 0.5
+    wall, _ = _nn2pp_once(exe, n, width, probe, g, cwd)  # start-up included: a lower bound
+    d_alpha = min(200.0, max(0.25, round(seconds * probe / wall, 2)))
     return ALPHA0, ALPHA0 + d_alpha
 
 
@@ -171,14 +176,19 @@ def measure(exe, n=2000, widths=(2, 50), repeats=3, streams=("auto", "counter"),
                      "load_average": [load_before, os.getloadavg()]},
            "sampling_bound_steps_per_s": bounds, "widths": {}}
     for w in widths:
-        med = {name: {"wall": statistics.median(v[0] for v in vals),
-                      "cpu": statistics.median(v[1] for v in vals)}
+        med = {name: {kind: _median(v[i] for v in vals)
+                      for i, kind in enumerate(("wall", "cpu"))}
                for name, vals in rates[w].items()}
         ratios = {name: {kind: med[name][kind] / med["nn2pp"][kind] for kind in ("wall", "cpu")}
                   for name in med if name != "nn2pp"}
         out["widths"][str(w)] = {"steps_per_s": med, "over_nn2pp": ratios,
                                  "all": {name: vals for name, vals in rates[w].items()}}
     return out
+
+
+def _median(values) -> float:
+    vals = [v for v in values if np.isfinite(v)]
+    return statistics.median(vals) if vals else float("nan")
 
 
 def report(res: dict) -> str:

@@ -56,7 +56,8 @@ class RunConfig:
     eval_size : examples in the fixed Monte Carlo evaluation set of the loss (used where no
         exact population loss applies: unprojected û, the linear model's loss).
     finite_d_theory : also record the noise-corrected ODE and the theory band (issue 8;
-        frozen ĉ, projected, b = 1 only; a few seconds per distinct instance).
+        frozen ĉ, projected, b = 1 only; a few seconds per distinct instance), and for the
+        network learners the committee-machine ODE (``dynamics.committee_overlay``).
     options : the learner's options (its ``Options`` dataclass; None for an unknown learner,
         which :meth:`validate` names). Built by the constructor from ``options=`` (another
         config's options or a mapping) and keyword options (``rank=2``) on top.

@@ -48,6 +48,8 @@ class Trajectory:
     band_lower, band_upper : (R, C) 10% and 90% quantiles of the linear-noise theory band of
         the run's instance group (``hermite.theory_band``), or None.
     m0 : (R,) initial overlap ⟨û₀, u⟩ of each run (the ODE's starting point), if known.
+    extra_attrs : ``extra`` name → attributes written on that HDF5 dataset (how a theory
+        extra was computed, e.g. the committee ODE's ``order``).
     """
 
     steps: np.ndarray
@@ -67,6 +69,7 @@ class Trajectory:
     ode_corrected: np.ndarray | None = None
     band_lower: np.ndarray | None = None
     band_upper: np.ndarray | None = None
+    extra_attrs: dict = field(default_factory=dict)
 
     @property
     def runs(self) -> int:
@@ -132,14 +135,16 @@ def mask_dead(result: RunResult, array: np.ndarray) -> np.ndarray:
 def make_trajectory(result: RunResult, overlap: np.ndarray, loss: np.ndarray, *,
                     loss_kind: str, ode: np.ndarray | None = None,
                     c_overlap: np.ndarray | None = None, extra: dict | None = None,
-                    theory: dict | None = None) -> Trajectory:
+                    theory: dict | None = None, extra_attrs: dict | None = None
+                    ) -> Trajectory:
     """The :class:`Trajectory` of ``result`` from its (R, C) curves.
 
     Divergence masking is applied here to ``overlap``, ``loss``, ``ode``, ``c_overlap`` and
     every ``extra`` array (run axis first, checkpoint axis second where it has one).
     ``theory``: Trajectory keyword arguments (``ode``, ``ode_corrected``, ``band_lower``,
     ``band_upper``) kept unmasked, predictions from m₀ rather than records of the run.
-    Without an ``ode`` the ODE curve is NaN (no theory).
+    Without an ``ode`` the ODE curve is NaN (no theory). ``extra_attrs``: HDF5 attributes of
+    ``extra`` datasets (:attr:`Trajectory.extra_attrs`).
     """
     runs, cps = result.diverged_step.shape[0], result.steps.shape[0]
     theory = dict(theory or {})
@@ -161,5 +166,5 @@ def make_trajectory(result: RunResult, overlap: np.ndarray, loss: np.ndarray, *,
         c_overlap=None if c_overlap is None else masked(c_overlap), loss_kind=loss_kind,
         dtype=result.dtype or result.config.dtype, device=str(result.device),
         engine=result.engine, extra={n: masked(a) for n, a in (extra or {}).items()},
-        m0=result.m0,
+        m0=result.m0, extra_attrs=dict(extra_attrs or {}),
     )

@@ -314,14 +314,25 @@ class NetworkLearner(Learner):
         return {"cross": host(cross), "gram": host(gram), "lam_hat": host(state.lam_hat)}
 
     def trajectory(self, result: RunResult):
-        """Exact loss and alignment (also ``extra['alignment']``) at every checkpoint."""
+        """Exact loss and alignment (also ``extra['alignment']``) at every checkpoint, and the
+        committee-machine ODE's from each run's initial overlaps (``extra['ode_loss']``,
+        ``extra['ode_alignment']``; :mod:`dynamics.committee_overlay`)."""
+        from ..committee_overlay import committee_records
+
         rec = result.records
         loss = exact_loss(result.instances, rec["cross"], rec["gram"], rec["lam_hat"])
         align = alignment(rec["cross"], self.diagonal_alignment)
         extra = {"alignment": align}
         if self.train_second_layer:
             extra["lam_hat"] = rec["lam_hat"]
-        return make_trajectory(result, align, loss, loss_kind=LOSS_EXACT, extra=extra)
+        ode, attrs = committee_records(
+            result.config, result.instances, result.steps, rec["cross"][:, 0],
+            rec["gram"][:, 0], rec["lam_hat"][:, 0], self.mask.cpu().numpy(),
+            loss=self.loss_name, diagonal=self.diagonal_alignment,
+            train_second_layer=self.train_second_layer)
+        extra.update(ode)
+        return make_trajectory(result, align, loss, loss_kind=LOSS_EXACT, extra=extra,
+                               extra_attrs=attrs)
 
 
 class _FromScratch(NetworkLearner):

@@ -81,7 +81,7 @@ GlmRuns.__doc__ = "The runs' streams, m, ν (advanced in place) and div/hit step
 
 
 @njit(cache=True, inline="always")
-def _glm_step(ctx, sc, t):
+def _glm_step(ctx, sc, _t):
     """One step (G2)–(G4) from sc = (stream, m, ν): (sc′, status) (:func:`._drive.drive`)."""
     _r, hyp, chi2_prep, inv_b, use_stop, _cp_m = ctx
     st, m, nu = sc
@@ -116,6 +116,7 @@ def _glm_step(ctx, sc, t):
 
 @njit(cache=True, inline="always")
 def _glm_record(ctx, sc, c):
+    """Checkpoint c of run r: m into cp_m[r, c]."""
     ctx[5][ctx[0], c] = sc[1]
 
 

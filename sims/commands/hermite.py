@@ -260,3 +260,109 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, as_
                        f"(ratio {r['ratio']:.3g})")
 
     _emit(payload, as_json, human)
+
+
+COMMITTEE_LEARNERS = ("scratch", "scratch-csq", "sparse")
+
+
+@hermite.command("committee")
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--learner", type=click.Choice(COMMITTEE_LEARNERS), default="scratch")
+@click.option("--eta", type=float, required=True, help="Step size eta > 0 (lr = eta*d).")
+@click.option("--steps", type=click.IntRange(min=1), required=True, help="Horizon T (SGD steps).")
+@click.option("--width", type=click.IntRange(min=1), default=None,
+              help="Student width k' (scratch; another width than k needs "
+                   "--train-second-layer).")
+@click.option("--train-second-layer", is_flag=True, help="Also train λ̂ (scratch).")
+@click.option("--eta-c", type=float, default=None, help="Second-layer step size [default: eta].")
+@click.option("--label-noise", type=click.FloatRange(min=0), default=0.0)
+@click.option("--batch", type=click.IntRange(min=1), default=1)
+@click.option("--seed", type=int, default=0, help="Seed of run 0's random initial rows.")
+@click.option("--init-overlap", type=float, default=None,
+              help="Start from orthonormal student rows with R = m·I (m = this value) "
+                   "instead of the learner's random rows.")
+@click.option("--checkpoints", type=click.IntRange(min=2), default=20,
+              help="Number of log-spaced checkpoints.")
+@click.option("--first-order", is_flag=True, help="Drop the η² terms.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, label_noise,
+                  batch, seed, init_overlap, checkpoints, first_order, as_json):
+    """Committee-machine ODE (hermite.committee, unit rows) of a network learner alone:
+    loss and alignment at log-spaced steps from run 0's initial overlaps."""
+    from dynamics.committee_overlay import committee_model, committee_state, integrate
+    from dynamics.config import RunConfig
+    from dynamics.instance import build_instance, load_spec
+
+    if not math.isfinite(eta) or eta <= 0:
+        raise click.BadParameter(f"must be > 0, got {eta:g}", param_hint="'--eta'")
+    if eta_c is not None and (not math.isfinite(eta_c) or eta_c <= 0):
+        raise click.BadParameter(f"must be > 0, got {eta_c:g}", param_hint="'--eta-c'")
+    spec_dict = load_spec(spec)
+    inst = build_instance(spec_dict)
+    if inst.d is None:
+        raise ValueError(f"instance spec {spec}: key 'd' is required (lr = eta·d)")
+    if not inst.unit_rows:
+        raise ValueError("the committee ODE needs the unit-row convention")
+    options = {}
+    if learner == "scratch":
+        options = {"width": width, "train_second_layer": train_second_layer, "eta_c": eta_c}
+    elif width is not None or train_second_layer or eta_c is not None:
+        raise ValueError(f"--width, --train-second-layer and --eta-c are scratch options, "
+                         f"not {learner}'s")
+    config = RunConfig(spec_dict, learner=learner, eta=eta, steps=steps, runs=1, seed=seed,
+                       batch=batch, label_noise=label_noise, **options).validate()
+    cross, gram, lam_hat, mask = _committee_start(config, init_overlap)
+    trained = learner == "scratch" and train_second_layer
+    model = committee_model(inst, loss="correlation" if learner == "scratch-csq" else "squared",
+                            eta=eta, eta_c=config.step_size_c if trained else None,
+                            label_noise=label_noise, batch=batch, trainable=mask,
+                            second_order=not first_order)
+    state = committee_state(cross, gram, lam_hat)
+    if init_overlap is not None:
+        try:
+            model.check_state(state)
+        except ValueError as exc:
+            raise ValueError(f"--init-overlap {init_overlap:g}: {exc}") from None
+    ck = _checkpoints(steps, checkpoints)
+    loss, align, integrator = integrate(model, state, ck, inst.d,
+                                        diagonal=learner == "sparse")
+    payload = {"learner": learner, "eta": eta, "lr": eta * inst.d, "d": inst.d,
+               "order": 1 if first_order else 2, "integrator": integrator,
+               "init": f"the learner's initial rows (run 0, seed {seed})" if init_overlap is None
+               else f"R = {init_overlap:g}·I",
+               "steps": ck.tolist(), "loss": _clean(loss), "alignment": _clean(align)}
+
+    def human(p):
+        click.echo(f"committee ODE ({p['learner']}, lr = eta·d = {p['lr']:.4g}, order "
+                   f"{p['order']}, {p['integrator']}, {p['init']})")
+        click.echo(f"{'step':>10}  {'loss':>14}  {'alignment':>10}")
+        for t, lo, al in zip(p["steps"], p["loss"], p["alignment"], strict=True):
+            click.echo(f"{t:>10d}  {_fmt(lo, '>14.8g')}  {_fmt(al, '>10.6f')}")
+
+    _emit(payload, as_json, human)
+
+
+def _committee_start(config, init_overlap):
+    """Run 0's initial (cross (k, k′), Gram (k′, k′), λ̂ (k′,), trainable rows (k′,)), drawn
+    as the learner draws them, or orthonormal rows with R = m·I (``init_overlap`` m)."""
+    import torch
+
+    from dynamics.learners import Problem, get_learner
+
+    instances = config.run_instances()
+    problem = Problem.from_instances(instances, torch.device("cpu"), torch.float64)
+    cls = get_learner(config.learner)
+    cls.check(config, instances[0])
+    learner = cls.from_config(config, problem)
+    mask = learner.mask[0].numpy()
+    if init_overlap is None:
+        state, _ = learner.initial_state(config, instances)
+        obs = learner.observe(state)
+        return obs["cross"][0], obs["gram"][0], obs["lam_hat"][0], mask
+    m = float(init_overlap)
+    if not math.isfinite(m):
+        raise ValueError(f"--init-overlap must be finite, got {m}")
+    k, width = instances[0].k, learner.width
+    cross = m * np.eye(k, width)
+    lam_hat = instances[0].lam if width == k else np.full(width, 1.0 / math.sqrt(width))
+    return cross, np.eye(width), np.asarray(lam_hat, float), mask

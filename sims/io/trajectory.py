@@ -224,7 +224,9 @@ def write_trajectory(path, traj: Trajectory, config, instances, *, created: str 
                 f[name].attrs["blowup_runs"] = runs
                 f[name].attrs["blowup_step"] = step
             for name, arr in traj.extra.items():
-                create_checked(f, f"extra/{name}", arr)
+                ds = create_checked(f, f"extra/{name}", arr)
+                for key, val in getattr(traj, "extra_attrs", {}).get(name, {}).items():
+                    ds.attrs[key] = val
             f.attrs[COMPLETE_ATTR] = True
         os.chmod(tmp, _default_mode())  # mkstemp creates 0600; give the file umask rights
         os.replace(tmp, path)

@@ -10,7 +10,8 @@ the legend.
 Quantities (``QUANTITIES``) come from Trajectory fields or from its ``extra`` arrays:
 ``singular_values`` (lora, rank r: one curve per index a, marker per a, the matrix ODE
 dashed), ``loss_linear`` (linearized; the true loss of the learned weights dotted),
-``alignment`` (scratch, scratch-csq, sparse), ``refit_loss`` (finetune ``refit``; the
+``alignment`` (scratch, scratch-csq, sparse; with ``loss``, the committee-machine ODE
+dashed), ``refit_loss`` (finetune ``refit``; the
 population-optimal refit dashed, the base network's loss dotted), ``update_overlap`` (lora)
 and ``aligned_c_overlap`` = ⟨ĉ, c⟩/(‖ĉ‖‖c‖)·sign⟨û, u⟩ per run and checkpoint (rank 1).
 """
@@ -62,12 +63,15 @@ REFERENCES = {
     "loss_linear": (("loss", "true_loss", ":"),),
     "refit_loss": (("extra:refit_loss_population", "refit_population", "--"),
                    ("extra:base_loss", "base_loss", ":")),
+    "loss": (("extra:ode_loss", "committee_ode", "--"),),
+    "alignment": (("extra:ode_alignment", "committee_ode", "--"),),
 }
 REFERENCE_LABELS = {
     "matrix_ode": "matrix ODE (σ_a of its M_t)",
     "true_loss": "true loss of the learned weights",
     "refit_population": "population-optimal refit a = A⁺b",
     "base_loss": "base network f₀",
+    "committee_ode": "committee-machine ODE",
 }
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
 SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")

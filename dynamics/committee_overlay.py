@@ -1,0 +1,179 @@
+"""The committee-machine ODE beside a network learner's curves (issue 17, part 3).
+
+For ``scratch``, ``scratch-csq`` and ``sparse`` runs, the order-parameter ODE of
+:mod:`hermite.committee` (Saad–Solla, unit rows) from each run's own initial overlaps:
+Q₀ = the student Gram, R₀ = crossᵀ, v₀ = λ̂₀ at the first checkpoint; teacher T = the unit
+teacher rows' Gram, A = λ·output_scale; η̄ = η·d, η̄_v = η_c·d (trained second layer), label
+noise, batch; ``sparse``: only its s rows move (``trainable``) and the alignment is diagonal.
+Integrated to α = steps/d at the checkpoints: the expected one-step map where the horizon is
+short (≤ :data:`ODE_EVALS` steps), ``solve_ivp`` otherwise. Runs with identical initial
+state (and instance, mask) share one ODE.
+
+Cost: first-order drifts are cheap; the η² terms of activations without closed-form
+second-order integrals (relu, abs: nested 2-D quadrature; sigmoid, tanh…: 4-D quadrature)
+cost 25 ms to seconds per drift evaluation. A deterministic estimate (:func:`drift_seconds`
+× evaluations × ODEs) decides: beyond :data:`SECOND_ORDER_BUDGET_S` seconds, or K + M >
+:data:`SECOND_ORDER_MAX_FIELDS` there, the ODE is integrated to first order in η̄ only, and
+the datasets' ``order`` attribute (and a note on stderr) say so. ``config.finite_d_theory``
+(``--no-finite-d-theory``) switches the whole overlay off, as it does finetune's finite-d
+theory.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from hermite.committee import (
+    CommitteeIntegrals,
+    CommitteeModel,
+    CommitteeState,
+    committee_alignment,
+    committee_ode,
+)
+
+__all__ = ["ODE_EVALS", "SECOND_ORDER_BUDGET_S", "SECOND_ORDER_MAX_FIELDS",
+           "committee_applies", "committee_model", "committee_state", "drift_seconds",
+           "plan_order", "integrate", "committee_records"]
+
+ODE_EVALS = 400  # drift evaluations of one solve_ivp run (DOP853, rtol 1e-6), measured
+SECOND_ORDER_BUDGET_S = 20.0  # estimated seconds of η² terms allowed per trajectory
+SECOND_ORDER_MAX_FIELDS = 6  # K + M beyond which non-closed η² terms are always dropped
+RTOL, ATOL = 1e-6, 1e-9
+
+
+def committee_applies(config, instances) -> bool:
+    """Whether the overlay is recorded: ``config.finite_d_theory`` and unit rows."""
+    return bool(config.finite_d_theory) and all(i.unit_rows for i in instances)
+
+
+def committee_model(inst, *, loss: str, eta: float, eta_c: float | None = None,
+                    label_noise: float = 0.0, batch: int = 1, trainable=None,
+                    second_order: bool = True) -> CommitteeModel:
+    """The unit-row committee model of a network learner on instance ``inst`` (dimension
+    ``inst.d``): lr = η·d, lr_v = η_c·d (None: λ̂ frozen), loss_scale 1."""
+    d = float(inst.d)
+    return CommitteeModel(
+        inst.activation, inst.teacher_gram(), np.asarray(inst.lam, float) * inst.output_scale,
+        lr=eta * d, rows="unit", loss=loss, loss_scale=1.0,
+        lr_v=None if eta_c is None else eta_c * d, noise_var=label_noise, batch=int(batch),
+        second_order=second_order,
+        trainable=None if trainable is None or np.all(trainable) else
+        tuple(bool(t) for t in trainable))
+
+
+def committee_state(cross, gram, lam_hat) -> CommitteeState:
+    """(Q, R, v) from cross ⟨vᵢ, ŵⱼ⟩ (k, k′), the student Gram (k′, k′) and λ̂ (k′,): Q the
+    Gram with its diagonal set to 1 (rows are unit up to rounding), R = crossᵀ/‖ŵⱼ‖."""
+    gram = np.asarray(gram, dtype=np.float64)
+    n = np.sqrt(np.diag(gram))
+    Q = gram / np.outer(n, n)
+    Q = 0.5 * (Q + Q.T)
+    np.fill_diagonal(Q, 1.0)
+    R = np.asarray(cross, dtype=np.float64).T / n[:, None]
+    return CommitteeState.from_arrays(Q, R, np.asarray(lam_hat, dtype=np.float64))
+
+
+def drift_seconds(activation, K: int, M: int, second_order: bool) -> float:
+    """Deterministic estimate of one drift evaluation's cost (seconds, one core), from
+    measurements: closed forms ≈ 0.5 ms; relu/abs η² terms 25 ms at K = M = 2, growing as
+    pairs·(K+M)⁴; quadrature families 4× that."""
+    integ = CommitteeIntegrals(activation)
+    if not second_order or integ.closed("i4"):
+        return 5e-4 if integ.family != "quadrature" else 1e-2 * (K + M) / 4
+    base = 0.025 if integ.family in ("relu", "abs") else 0.1
+    return base * (K * (K + 1) / 6) * ((K + M) / 4) ** 4
+
+
+def plan_order(activation, K: int, M: int, n_odes: int, evals: int) -> tuple[int, str]:
+    """(order, reason): 2 where the η² terms are affordable (module docstring), else 1."""
+    if CommitteeIntegrals(activation).closed("i4"):
+        return 2, "closed-form second-order integrals"
+    if K + M > SECOND_ORDER_MAX_FIELDS:
+        return 1, (f"K + M = {K + M} > {SECOND_ORDER_MAX_FIELDS}: the η² terms need a "
+                   "quadrature costing seconds per drift evaluation")
+    est = n_odes * evals * drift_seconds(activation, K, M, True)
+    if est > SECOND_ORDER_BUDGET_S:
+        return 1, (f"the η² terms would take ≈ {est:.0f} s ({n_odes} ODE(s) × {evals} "
+                   f"evaluations) > {SECOND_ORDER_BUDGET_S:g} s")
+    return 2, f"η² terms ≈ {est:.1f} s"
+
+
+def integrate(model: CommitteeModel, state: CommitteeState, steps, d: int, *,
+              diagonal: bool = False) -> tuple[np.ndarray, np.ndarray, str]:
+    """(loss (C,), alignment (C,), integrator) at checkpoint ``steps`` (from steps[0])."""
+    steps = np.asarray(steps, dtype=np.int64)
+    alphas = (steps - steps[0]) / float(d)
+    span = int(steps[-1] - steps[0])
+    integrator = "map" if span <= ODE_EVALS else "solve_ivp"
+    with np.errstate(divide="ignore", over="ignore"):  # degenerate pairs (R = T) in quadrature
+        tr = committee_ode(model, state, alphas, integrator=integrator, N=float(d),
+                           rtol=RTOL, atol=ATOL)
+    if diagonal:
+        align = np.array([committee_alignment(tr.state(i), model.T, diagonal=True)
+                          for i in range(alphas.size)])
+    else:
+        align = tr.alignment
+    return tr.loss, align, integrator
+
+
+def _note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
+
+
+def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None, *,
+                      loss: str, diagonal: bool, train_second_layer: bool,
+                      quiet: bool = False, second_order: bool | None = None
+                      ) -> tuple[dict, dict]:
+    """({"ode_loss": (R, C), "ode_alignment": (R, C)}, their HDF5 attributes) from each run's
+    initial cross (R, k, k′), Gram (R, k′, k′), λ̂ (R, k′) and trainable rows ``masks``
+    (R, k′) (None: all); ({}, {}) where :func:`committee_applies` is false.
+
+    ``second_order``: force the order (None: :func:`plan_order`). An ODE that fails (a state
+    the ODE rejects, divergence) gives NaN for its runs and a note.
+    """
+    if not committee_applies(config, instances):
+        return {}, {}
+    runs, cps = len(instances), len(steps)
+    cross0, gram0, lam0 = (np.asarray(a, dtype=np.float64) for a in (cross0, gram0, lam0))
+    masks = np.ones(lam0.shape, dtype=bool) if masks is None else np.asarray(masks, bool)
+    groups: dict = {}
+    for r, inst in enumerate(instances):
+        key = (id(inst), cross0[r].tobytes(), gram0[r].tobytes(), lam0[r].tobytes(),
+               masks[r].tobytes())
+        groups.setdefault(key, []).append(r)
+    K, M = gram0.shape[-1], cross0.shape[-2]
+    span = int(steps[-1] - steps[0])
+    evals = min(span, ODE_EVALS)
+    if second_order is None:
+        order, reason = plan_order(instances[0].activation, K, M, len(groups), evals)
+    else:
+        order, reason = (2 if second_order else 1), "requested"
+    if order == 1 and second_order is None and not quiet:
+        _note(f"committee ODE to first order in η·d only ({reason}); "
+              "--no-finite-d-theory skips it")
+    eta_c = config.step_size_c if train_second_layer else None
+    out_loss, out_align = np.full((runs, cps), np.nan), np.full((runs, cps), np.nan)
+    failed, integrator = [], "map" if span <= ODE_EVALS else "solve_ivp"
+    for idx in groups.values():
+        r, inst = idx[0], instances[idx[0]]
+        try:
+            model = committee_model(inst, loss=loss, eta=config.eta, eta_c=eta_c,
+                                    label_noise=config.label_noise, batch=config.batch,
+                                    trainable=masks[r], second_order=order == 2)
+            state = committee_state(cross0[r], gram0[r], lam0[r])
+            lo, al, integrator = integrate(model, state, steps, inst.d, diagonal=diagonal)
+        except (ValueError, RuntimeError) as exc:
+            failed.append(f"runs {idx[0]}…{idx[-1]}: {exc}")
+            continue
+        out_loss[idx], out_align[idx] = lo, al
+    if failed and not quiet:
+        _note(f"committee ODE failed for {len(failed)} initial state(s), NaN there: "
+              f"{failed[0]}")
+    attrs = {"order": order, "order_reason": reason, "integrator": integrator,
+             "distinct_odes": len(groups),
+             "description": "committee-machine order-parameter ODE (hermite.committee, unit "
+                            "rows) from the run's initial overlaps"}
+    return ({"ode_loss": out_loss, "ode_alignment": out_align},
+            {"ode_loss": attrs, "ode_alignment": attrs})
