@@ -124,8 +124,9 @@ def _summary_line(traj, notes) -> str:
 @click.option("--force", is_flag=True,
               help="Replace an existing --out / --plot file (refused otherwise).")
 @click.option("--finite-d-theory/--no-finite-d-theory", default=True,
-              help="Also record the noise-corrected ODE and the theory band (frozen ĉ, "
-                   "projected, b = 1).")
+              help="Also record the finite-d theory: finetune's noise-corrected ODE and band "
+                   "(frozen ĉ, projected, b = 1); the committee ODE of scratch, scratch-csq "
+                   "and sparse.")
 @click.option("--json", "as_json", is_flag=True, help="Print the mean curve as JSON.")
 def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, spacing,
         xi_values, instance_seeds, dtype, device, engine, streams, out, plot, finite_d_theory,
