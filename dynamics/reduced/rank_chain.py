@@ -149,8 +149,8 @@ def scratch(k, r):
                     np.empty(n), np.empty((n, r)), np.empty((4, r, r)), np.empty((r + 1, r)))
 
 
-@njit(cache=True)
-def _sym_sqrt_into(h, inverse, out):
+@njit(cache=True, _nrt=True)  # explicit: a callee compiled first from a ``_nrt=False``
+def _sym_sqrt_into(h, inverse, out):  # caller would inherit that, and eigh needs NRT
     """out ← :func:`_sym_sqrt` (h, inverse): callable from code compiled without NRT."""
     res = _sym_sqrt(h, inverse)
     for p in range(h.shape[0]):
