@@ -55,8 +55,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from dynamics.config import RunConfig  # noqa: E402
-from dynamics.counter_stream import counter_keys, fill_normals  # noqa: E402
+from dynamics.counter_stream import fill_normals  # noqa: E402
 from dynamics.engine import FullRun  # noqa: E402
+from dynamics.sampling import counter_keys  # noqa: E402
 
 CHUNK = 256  # steps per chunk of examples (the engine's largest chunk)
 ALPHA0 = 0.5  # nn2pp's shorter horizon α₁ (units of N steps)
@@ -98,9 +99,11 @@ def loradyn_config(n, width, steps, streams, activation) -> RunConfig:
                      finite_d_theory=False).validate()
 
 
-def loradyn_rate(n, width, steps, streams, activation) -> tuple[float, float]:
-    """(wall, CPU) steps/s of the engine's hot loop (set-up excluded)."""
+def loradyn_rate(n, width, steps, streams, activation, fast=True) -> tuple[float, float]:
+    """(wall, CPU) steps/s of the engine's hot loop (set-up excluded); ``fast=False``: the
+    plain torch step (``step_prepared_`` step by step, the reference path)."""
     run = FullRun(loradyn_config(n, width, steps, streams, activation))
+    run.learner.fast = fast
     t0, c0 = time.perf_counter(), time.process_time()
     run.advance()
     return steps / (time.perf_counter() - t0), steps / (time.process_time() - c0)
@@ -141,14 +144,15 @@ def _calibrate_nn2pp(exe, n, width, g, cwd, seconds) -> tuple[float, float]:
     return ALPHA0, ALPHA0 + d_alpha
 
 
-def _calibrate_loradyn(n, width, streams, activation, seconds) -> int:
-    loradyn_rate(n, width, 2 * CHUNK, streams, activation)  # compile / load, warm caches
-    wall, _ = loradyn_rate(n, width, 4 * CHUNK, streams, activation)
+def _calibrate_loradyn(n, width, streams, activation, seconds, fast=True) -> int:
+    loradyn_rate(n, width, 2 * CHUNK, streams, activation, fast)  # compile / load, warm up
+    wall, _ = loradyn_rate(n, width, 4 * CHUNK, streams, activation, fast)
     return int(max(4, round(seconds * wall / CHUNK)) * CHUNK)
 
 
 def measure(exe, n=2000, widths=(2, 50), repeats=3, streams=("auto", "counter"),
-            activation="relu", seconds=3.0, g=1) -> dict:
+            activation="relu", seconds=3.0, g=1, plain=False) -> dict:
+    """Rates and ratios (see the module doc); ``plain`` adds the torch step's row."""
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     load_before = os.getloadavg()
@@ -156,7 +160,9 @@ def measure(exe, n=2000, widths=(2, 50), repeats=3, streams=("auto", "counter"),
     with tempfile.TemporaryDirectory() as cwd:
         plan = {w: {"alphas": _calibrate_nn2pp(exe, n, w, g, cwd, seconds),
                     "steps": {s: _calibrate_loradyn(n, w, s, activation, seconds)
-                              for s in streams}} for w in widths}
+                              for s in streams},
+                    "plain": (_calibrate_loradyn(n, w, "auto", activation, seconds / 2, False)
+                              if plain else 0)} for w in widths}
         for _ in range(repeats):
             for w in widths:
                 r = rates.setdefault(w, {})
@@ -165,6 +171,9 @@ def measure(exe, n=2000, widths=(2, 50), repeats=3, streams=("auto", "counter"),
                 for s in streams:
                     r.setdefault(f"loradyn {s}", []).append(
                         loradyn_rate(n, w, plan[w]["steps"][s], s, activation))
+                if plain:
+                    r.setdefault("loradyn torch step", []).append(
+                        loradyn_rate(n, w, plan[w]["plain"], "auto", activation, False))
         steps = max(p for w in widths for p in plan[w]["steps"].values())
         bounds = {"torch float64 normal_": torch_sampling_rate(n, min(steps, 8 * CHUNK)),
                   "counter streams": counter_sampling_rate(n, min(steps, 32 * CHUNK))}
@@ -220,6 +229,8 @@ def main(argv=None) -> int:
     ap.add_argument("--streams", default="auto,counter")
     ap.add_argument("--activation", default="relu", help="loradyn's σ (registry name).")
     ap.add_argument("--nn2pp-g", type=int, default=1, help="nn2pp's --g1/--g2 (1 = erf).")
+    ap.add_argument("--plain", action="store_true",
+                    help="Also the plain torch step (learner.fast = False), auto streams.")
     ap.add_argument("--seconds", type=float, default=3.0,
                     help="Target length of each timed difference.")
     ap.add_argument("--cpu", type=int, default=None,
@@ -239,7 +250,8 @@ def main(argv=None) -> int:
     res = measure(os.path.abspath(args.nn2pp), n=args.N,
                   widths=tuple(int(w) for w in args.widths.split(",")),
                   repeats=args.repeats, streams=tuple(args.streams.split(",")),
-                  activation=args.activation, seconds=args.seconds, g=args.nn2pp_g)
+                  activation=args.activation, seconds=args.seconds, g=args.nn2pp_g,
+                  plain=args.plain)
     print(report(res))
     if args.out:
         with open(args.out, "w") as fh:

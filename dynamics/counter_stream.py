@@ -1,7 +1,8 @@
 """Counter-based standard normals for the full engine (config ``streams = "counter"``, CPU).
 
 Number m of run r's example stream (m counts every number the run has drawn, in the order of
-its example buffer) is a pure function of (key_r, m): the SplitMix64 output z = mix(key_r +
+its example buffer) is a pure function of (key_r, m), key_r = ``run_seed(seed, r, "data")``
+(:func:`dynamics.sampling.counter_keys`): the SplitMix64 output z = mix(key_r +
 (m + 1)·γ) (γ the golden-ratio increment) drives one proposal of the 128-layer ziggurat
 (Marsaglia & Tsang 2000 in Doornik's ZIGNOR layout: bits 0–6 the layer, bit 7 the sign, bits
 11–63 the uniform). About 98.8% of proposals fall inside their layer's box and are the number;
@@ -22,9 +23,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .sampling import run_seed
-
-__all__ = ["counter_keys", "fill_normals"]
+__all__ = ["fill_normals"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -49,11 +48,8 @@ def _ziggurat_tables(layers=128, r=_TAIL, v=9.91256303526217e-3):
 
 
 _ZX, _ZR = _ziggurat_tables()
-
-
-def counter_keys(seed: int, runs: int) -> np.ndarray:
-    """(R,) uint64 keys: run r's key from (seed, r) alone (stream ``data``)."""
-    return np.array([run_seed(seed, r, "data") for r in range(runs)], dtype=np.uint64)
+_KR = np.ceil(_ZR * 2.0**53).astype(np.int64)  # the box test on the 53-bit integer
+_ZXS = _ZX * _TWO_M53
 
 
 @njit(cache=True, inline="always")
@@ -103,7 +99,7 @@ _BLOCK = 512  # numbers per block: the SplitMix64 outputs of a block, then their
 
 
 @njit(cache=True)
-def _fill_row(out, count, key, start, zx, zr):
+def _fill_row(out, count, key, start, zx, kr, zxs):
     """out[:count] = numbers start … start + count − 1 of the stream with this key."""
     c0 = key + np.uint64(start + 1) * _GOLDEN
     zb = np.empty(_BLOCK, dtype=np.uint64)
@@ -115,18 +111,18 @@ def _fill_row(out, count, key, start, zx, zr):
         for m in range(nb):
             z = zb[m]
             i = np.int64(z & _LOW7)
-            u = np.float64(np.int64(z >> _S11)) * _TWO_M53  # < 2⁵³: the signed conversion
-            sign = np.float64(1 - 2 * np.int64((z >> _S7) & _ONE))
-            if u < zr[i]:
-                out[lo + m] = sign * (u * zx[i])
+            k = np.int64(z >> _S11)  # u = k·2⁻⁵³; u < zr[i] ⟺ k < ⌈zr[i]·2⁵³⌉ (exact)
+            if k < kr[i]:
+                x = np.float64(k) * zxs[i]  # = u·zx[i] exactly (scaling by 2⁻⁵³ is exact)
+                out[lo + m] = -x if (z >> _S7) & _ONE else x
             else:  # ~1.2%: finish the rejection sampler
                 out[lo + m] = _finish(z, zx)
 
 
 @njit(cache=True, nogil=True)
-def _fill(out, count, keys, start, lo, hi, zx, zr):
+def _fill(out, count, keys, start, lo, hi, zx, kr, zxs):
     for r in range(lo, hi):
-        _fill_row(out[r], count, keys[r], start, zx, zr)
+        _fill_row(out[r], count, keys[r], start, zx, kr, zxs)
 
 
 def fill_normals(out: np.ndarray, count: int, keys: np.ndarray, start: int,
@@ -135,4 +131,4 @@ def fill_normals(out: np.ndarray, count: int, keys: np.ndarray, start: int,
 
     out (R, L) float64 or float32, C-contiguous (a run's slab of the example buffer);
     releases the GIL (the engine fills blocks of runs from several threads)."""
-    _fill(out, int(count), keys, int(start), runs.start, runs.stop, _ZX, _ZR)
+    _fill(out, int(count), keys, int(start), runs.start, runs.stop, _ZX, _KR, _ZXS)

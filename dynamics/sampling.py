@@ -38,6 +38,7 @@ import torch
 __all__ = [
     "STREAMS",
     "run_seed",
+    "counter_keys",
     "resolve_device",
     "resolve_dtype",
     "uniform_perp_directions",
@@ -72,6 +73,12 @@ def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     return DTYPES[name]
+
+
+def counter_keys(seed: int, runs: int) -> np.ndarray:
+    """(R,) uint64 keys of the counter streams (``streams = "counter"``): run r's from
+    (seed, r) alone (the seed of its ``data`` stream)."""
+    return np.array([run_seed(seed, r, "data") for r in range(runs)], dtype=np.uint64)
 
 
 def uniform_perp_directions(seed: int, runs: int, d: int, k: int) -> np.ndarray:
@@ -116,8 +123,6 @@ class NoiseSource:
         self.per_run = device.type == "cpu" if per_run is None else bool(per_run)
         self.counter, self._drawn = bool(counter), 0  # numbers drawn per run so far
         if self.counter:  # counter-based ziggurat (``dynamics.counter_stream``)
-            from .counter_stream import counter_keys
-
             self.per_run, self.generators = True, []
             self.keys = counter_keys(seed, runs)
             threads = threads or torch.get_num_threads()

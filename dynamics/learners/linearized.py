@@ -325,6 +325,12 @@ class LinearizedFullRank(Learner):
 
     fast = True  # step_chunk_ through the compiled kernel on CPU (tests: False)
 
+    def bad_runs(self, state: FullRankState) -> torch.Tensor:
+        """(R,) True where Δ has a non-finite entry: its row maxima and minima (NaN
+        propagates through both, ±∞ shows in one), ~10× cheaper than an element mask."""
+        delta = state.delta
+        return ~(torch.isfinite(delta.amax(-1)) & torch.isfinite(delta.amin(-1))).all(-1)
+
     def step_chunk_(self, state: FullRankState, x: torch.Tensor, pre: LinearPrepared,
                     norms: torch.Tensor) -> None:
         """Every step of a chunk x (R, n, b, d) in place, health values into norms (n, R):

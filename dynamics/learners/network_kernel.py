@@ -5,9 +5,12 @@ full-rank ``linearized`` (:mod:`.linearized`) cost O(k′d) per step and run. Th
 (``step_prepared_``, kept as the reference) issues ~30 small ops per step, allocates the
 (R, k′, d) gradient and reads it twice. Here one numba call advances every run through every
 step of a chunk (``prange`` over runs: one run's steps are sequential, runs are independent),
-on the same examples (the engine's per-run streams, so the same numbers up to rounding) and
-with the same update, row by row, so a row (d numbers) stays in L1 while it is updated and
-dotted with the next example:
+on the same examples (the engine's streams, so the same numbers up to rounding) and with the
+same update. At b = 1 a row's update and the next step's dot product take ONE pass over the
+row, for four rows at a time (the example and the next one are loaded once per four rows),
+with the arithmetic in the rows' dtype (float32 runs about twice as fast as float64); a row
+of d numbers stays in L1 meanwhile. One compiled path (the ``prange`` driver) serves every
+number of threads, so a run's numbers depend neither on R nor on the threads.
 
 - rows (:func:`network_chunk`): with δ (b, k′) the per-example coefficients of the module
   docstring of :mod:`.network`, Gⱼ = Σ_b δ_bj x_b / b is never formed: ⟨ŵⱼ, Gⱼ⟩ =
@@ -18,6 +21,7 @@ dotted with the next example:
   the mask can come precomputed for the whole chunk (one batched GEMM, ``a_pre``).
 - full-rank Δ (:func:`linear_chunk`): Δⱼ ← (1 − 2η·prox)Δⱼ + η Σ_b coef_bj Π(x_b − z_bj wⱼ).
 
+The kernels release the GIL, so the engine's sampler threads draw the next chunk meanwhile.
 Reductions are vectorised (fastmath reassociation only: NaN and ∞ keep their IEEE meaning, so
 a diverged step still reads non-finite in the health value). Arrays are float64 or float32
 (the same compiled code, one specialisation per dtype).
@@ -34,7 +38,7 @@ import torch
 from numba import njit, prange
 
 from hermite.activations import get_activation
-from hermite.activations_numba import act_code, sigma_and_deriv
+from hermite.activations_numba import HERMITE_CODE, act_code, sigma_and_deriv
 
 __all__ = ["network_chunk", "linear_chunk", "kernel_activation", "examples_view"]
 
@@ -75,11 +79,13 @@ def kernel_activation(activation) -> tuple[int, int] | None:
     code = act_code(theory.name)
     if code is None:
         return None
+    if code[0] == HERMITE_CODE:  # hₚ is built on request: the registry's has degree p
+        return code if theory.polynomial_degree == code[1] else None
     try:
         registry = get_activation(theory.name)
     except (KeyError, ValueError):
         return None
-    return code if registry.fn is theory.fn else None
+    return code if registry.fn is theory.fn else None  # not a user's σ under that name
 
 
 def examples_view(x: torch.Tensor):
@@ -103,6 +109,59 @@ def _dot(u, v, d):
     return s
 
 
+@njit(cache=True, fastmath=_FM, inline="always")
+def _fused1(row, x0, x1, cf, u, d):
+    """row ← cf[u]·row − cf[4+u]·x0 and ⟨new row, x1⟩ (arithmetic in the rows' dtype)."""
+    al, c = cf[u], cf[4 + u]
+    acc = cf[8]
+    for t in range(d):
+        v = al * row[t] - c * x0[t]
+        row[t] = v
+        acc += v * x1[t]
+    return acc
+
+
+@njit(cache=True, fastmath=_FM, inline="always")
+def _fused2(r0, r1, x0, x1, cf, d):
+    """:func:`_fused1` for two rows in one pass."""
+    a0, a1, c0, c1 = cf[0], cf[1], cf[4], cf[5]
+    s0 = s1 = cf[8]
+    for t in range(d):
+        xa = x0[t]
+        xb = x1[t]
+        v0 = a0 * r0[t] - c0 * xa
+        v1 = a1 * r1[t] - c1 * xa
+        r0[t] = v0
+        r1[t] = v1
+        s0 += v0 * xb
+        s1 += v1 * xb
+    return s0, s1
+
+
+@njit(cache=True, fastmath=_FM, inline="always")
+def _fused4(r0, r1, r2, r3, x0, x1, cf, d):
+    """:func:`_fused1` for four rows in one pass (x0 and x1 are loaded once for all four)."""
+    a0, a1, a2, a3 = cf[0], cf[1], cf[2], cf[3]
+    c0, c1, c2, c3 = cf[4], cf[5], cf[6], cf[7]
+    s0 = s1 = s2 = s3 = cf[8]
+    for t in range(d):
+        xa = x0[t]
+        xb = x1[t]
+        v0 = a0 * r0[t] - c0 * xa
+        v1 = a1 * r1[t] - c1 * xa
+        v2 = a2 * r2[t] - c2 * xa
+        v3 = a3 * r3[t] - c3 * xa
+        r0[t] = v0
+        r1[t] = v1
+        r2[t] = v2
+        r3[t] = v3
+        s0 += v0 * xb
+        s1 += v1 * xb
+        s2 += v2 * xb
+        s3 += v3 * xb
+    return s0, s1, s2, s3
+
+
 # ---------------------------------------------------------------------------- rows
 @njit(cache=True, fastmath=_FM)
 def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
@@ -118,6 +177,10 @@ def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, 
     delta = np.empty((b, kp))
     outer = np.empty(b)
     gram = np.empty((b, b))
+    alpha = np.empty(kp)
+    coef = np.empty(kp)
+    fused = np.empty(kp, dtype=np.int64)
+    cf = np.zeros(9, dtype=rows.dtype)  # the one-pass coefficients in the rows' dtype
     base = off + r * s0
     for beta in range(b):  # a of step 0
         o = base + beta * s2
@@ -151,6 +214,7 @@ def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, 
         health = np.inf  # minⱼ 1/nⱼ; NaN, once seen, sticks (as torch's amin)
         has_next = i + 1 < n
         on = base + (i + 1) * s1
+        nf = 0  # rows for the one-pass update (b = 1, trainable, a next step to dot with)
         for j in range(kp):
             ej = eta if mask[r, j] else 0.0
             ug = 0.0
@@ -166,40 +230,58 @@ def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, 
             inv = 1.0 / math.sqrt(1.0 + ej * ej * (g2 - ug * ug))
             if health == health and (inv < health or inv != inv):
                 health = inv
-            row = rows[r, j]
+            alpha[j] = inv + inv * (ej * ug)  # (1 + η⟨ŵ,G⟩)/n
+            coef[j] = ej * inv * inv_b  # × δ_βj: the coefficient of x_β
             pre_j = has_pre and not mask[r, j]
             if ej != 0.0 and b == 1 and has_next and not pre_j:
-                # one pass: the update and the next step's aⱼ (x′ = the next example)
-                alpha = inv + inv * (ej * ug)
-                c0 = ej * inv * delta[0, j]
-                x0 = xf[oi: oi + d]
-                x1 = xf[on: on + d]
-                acc = 0.0
-                for t in range(d):
-                    v = alpha * row[t] - c0 * x0[t]
-                    row[t] = v
-                    acc += v * x1[t]
-                a_next[0, j] = acc
+                fused[nf] = j
+                nf += 1
                 continue
+            row = rows[r, j]
             if ej != 0.0:
-                alpha = inv + inv * (ej * ug)
-                c0 = ej * inv * delta[0, j] * inv_b
-                x0 = xf[oi: oi + d]
-                for t in range(d):
-                    row[t] = alpha * row[t] - c0 * x0[t]
-                for beta in range(1, b):
-                    cb = ej * inv * delta[beta, j] * inv_b
+                for beta in range(b):
+                    cb = coef[j] * delta[beta, j]
                     ob = oi + beta * s2
                     xb = xf[ob: ob + d]
-                    for t in range(d):
-                        row[t] -= cb * xb[t]
+                    if beta == 0:
+                        for t in range(d):
+                            row[t] = alpha[j] * row[t] - cb * xb[t]
+                    else:
+                        for t in range(d):
+                            row[t] -= cb * xb[t]
             if has_next:
                 for beta in range(b):
-                    if has_pre and not mask[r, j]:
+                    if pre_j:
                         a_next[beta, j] = a_pre[r, i + 1, beta, j]
                     else:
                         ob = on + beta * s2
                         a_next[beta, j] = _dot(row, xf[ob: ob + d], d)
+        if nf:  # one pass: ŵⱼ ← αⱼŵⱼ − cⱼx and the next aⱼ = ⟨ŵⱼ, x′⟩, up to 4 rows at once
+            x0 = xf[oi: oi + d]
+            x1 = xf[on: on + d]
+            q = 0
+            while q < nf:
+                m = 4 if nf - q >= 4 else (2 if nf - q >= 2 else 1)
+                for u in range(m):
+                    j = fused[q + u]
+                    cf[u] = alpha[j]
+                    cf[4 + u] = coef[j] * delta[0, j]
+                if m == 4:
+                    j0, j1, j2, j3 = fused[q], fused[q + 1], fused[q + 2], fused[q + 3]
+                    s_0, s_1, s_2, s_3 = _fused4(rows[r, j0], rows[r, j1], rows[r, j2],
+                                                 rows[r, j3], x0, x1, cf, d)
+                    a_next[0, j0] = s_0
+                    a_next[0, j1] = s_1
+                    a_next[0, j2] = s_2
+                    a_next[0, j3] = s_3
+                elif m == 2:
+                    j0, j1 = fused[q], fused[q + 1]
+                    s_0, s_1 = _fused2(rows[r, j0], rows[r, j1], x0, x1, cf, d)
+                    a_next[0, j0] = s_0
+                    a_next[0, j1] = s_1
+                else:
+                    a_next[0, fused[q]] = _fused1(rows[r, fused[q]], x0, x1, cf, 0, d)
+                q += m
         if train:
             for j in range(kp):
                 gl = 0.0
@@ -210,7 +292,7 @@ def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, 
         a, a_next = a_next, a
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _network_runs(rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
                   has_pre, code, p, correlation, train, norms):
     """Every run (``prange``: one compiled path whatever the threads, so a run's numbers
@@ -255,6 +337,7 @@ def _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, 
     dx_next = np.empty((b, k))
     coef = np.empty((b, k))
     wd = np.empty(k)
+    cf = np.zeros(9, dtype=delta.dtype)  # the one-pass coefficients in Δ's dtype
     base = off + r * s0
     lr = lmat[r] if lmat.shape[0] > 1 else lmat[0]
     for beta in range(b):
@@ -280,27 +363,48 @@ def _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, 
         norms[i, r] = 1.0 / math.sqrt(1.0 + msq / b)
         has_next = i + 1 < n
         on = base + (i + 1) * s1
-        for j in range(k):
-            row = delta[r, j]
-            if b == 1 and has_next:  # one pass: the update and the next ⟨Δⱼ, x′⟩
+        if b == 1 and has_next:  # one pass per row: the update and the next ⟨Δⱼ, x′⟩
+            x0 = xf[oi: oi + d]
+            x1 = xf[on: on + d]
+            for j in range(k):  # span W (t < k): scaled only (projected) or the full update
+                row = delta[r, j]
                 cb = eta * coef[0, j]
                 corr = eta * coef[0, j] * z[r, i, 0, j]  # unprojected: −η coef zⱼ wⱼ
-                x0 = xf[oi: oi + d]
-                x1 = xf[on: on + d]
                 acc = 0.0
-                for t in range(k):  # span W: scaled only (projected) or the full update
+                for t in range(k):
                     v = shrink * row[t]
                     if not project:
                         v = (v + cb * x0[t]) - corr * lr[j, t]
                     row[t] = v
                     acc += v * x1[t]
-                rt, x0t, x1t = row[k:], x0[k:], x1[k:]  # loops from 0: no wraparound test
-                for t in range(d - k):
-                    v = shrink * rt[t] + cb * x0t[t]
-                    rt[t] = v
-                    acc += v * x1t[t]
                 dx_next[0, j] = acc
-                continue
+            x0t, x1t = x0[k:], x1[k:]  # t ≥ k, four rows at a time (loops from 0)
+            q = 0
+            while q < k:
+                m = 4 if k - q >= 4 else (2 if k - q >= 2 else 1)
+                for u in range(m):
+                    cf[u] = shrink
+                    cf[4 + u] = -eta * coef[0, q + u]
+                if m == 4:
+                    s_0, s_1, s_2, s_3 = _fused4(delta[r, q, k:], delta[r, q + 1, k:],
+                                                 delta[r, q + 2, k:], delta[r, q + 3, k:],
+                                                 x0t, x1t, cf, d - k)
+                    dx_next[0, q] += s_0
+                    dx_next[0, q + 1] += s_1
+                    dx_next[0, q + 2] += s_2
+                    dx_next[0, q + 3] += s_3
+                elif m == 2:
+                    s_0, s_1 = _fused2(delta[r, q, k:], delta[r, q + 1, k:], x0t, x1t, cf,
+                                       d - k)
+                    dx_next[0, q] += s_0
+                    dx_next[0, q + 1] += s_1
+                else:
+                    dx_next[0, q] += _fused1(delta[r, q, k:], x0t, x1t, cf, 0, d - k)
+                q += m
+            dx, dx_next = dx_next, dx
+            continue
+        for j in range(k):
+            row = delta[r, j]
             if prox != 0.0:
                 for t in range(d):
                     row[t] *= shrink
@@ -323,7 +427,7 @@ def _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, 
         dx, dx_next = dx_next, dx
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _linear_runs(delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
                  project, norms):
     for r in prange(delta.shape[0]):

@@ -3,7 +3,9 @@
 Every learner runs the same instance (ReLU, separated W, ξ = 1) at the bench sizes on the
 full engine (``FullRun.advance``, sampling included), so the rates compare the learners'
 per-step costs: O(d + k²) for rank-1 learners, O(k′d) for networks of rows (scratch,
-sparse) and for a full-rank Δ, O(rd) for rank r.
+sparse) and for a full-rank Δ (on CPU a compiled kernel, ``network_kernel``), O(rd) for
+rank r. The ``counter streams`` row draws the examples with the counter-based ziggurat
+(``dynamics.counter_stream``) instead of torch's per-run generators.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ LEARNER_CASES = {
     "linearized (rank 1)": {"learner": "linearized"},
     "linearized (full rank)": {"learner": "linearized", "full_rank": True},
     "scratch": {"learner": "scratch"},
+    "scratch, counter streams": {"learner": "scratch", "streams": "counter"},
     "scratch-csq": {"learner": "scratch-csq"},
     "sparse": {"learner": "sparse"},
     "glm": {"learner": "glm"},
