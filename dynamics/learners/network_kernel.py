@@ -29,7 +29,6 @@ a diverged step still reads non-finite in the health value). Arrays are float64 
 
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
 
@@ -40,37 +39,17 @@ from numba import njit, prange
 from hermite.activations import get_activation
 from hermite.activations_numba import HERMITE_CODE, act_code, sigma_and_deriv
 
+from ..numba_cache import SIGMA_SOURCE, drop_stale_cache
+
 __all__ = ["network_chunk", "linear_chunk", "kernel_activation", "examples_view"]
 
 # reassociation (vectorised reductions) and contraction (FMA); no nnan/ninf: NaN must survive
 _FM = {"reassoc", "contract", "nsz"}
 
 
-def _drop_stale_cache() -> None:
-    """Numba keys a cache entry on this file only; σ lives in hermite/activations_numba.py,
-    so drop this module's cache whenever either source changed."""
-    here = Path(__file__)
-    import hermite.activations_numba as hn
-
-    digest = hashlib.sha256(here.read_bytes() + Path(hn.__file__).read_bytes()).hexdigest()
-    cache = here.parent / "__pycache__"
-    stamp = cache / "network_kernel.sha256"
-    try:
-        if stamp.read_text() == digest:
-            return
-    except OSError:
-        pass
-    try:
-        for f in list(cache.glob("network_kernel.*.nbi")) + list(
-                cache.glob("network_kernel.*.nbc")):
-            f.unlink(missing_ok=True)
-        cache.mkdir(exist_ok=True)
-        stamp.write_text(digest)
-    except OSError:  # read-only install: numba recompiles in memory
-        pass
-
-
-_drop_stale_cache()
+# σ lives in hermite/activations_numba.py: drop this module's cache whenever either changed
+drop_stale_cache(Path(__file__).parent / "__pycache__", [Path(__file__), SIGMA_SOURCE],
+                 prefix="network_kernel.")
 
 
 def kernel_activation(activation) -> tuple[int, int] | None:

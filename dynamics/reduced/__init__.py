@@ -54,9 +54,13 @@ every step in one launch, same streams, float64; :mod:`.cuda_kernel`) and ``torc
 for activations without a compiled version).
 """
 
-from ._cache import drop_stale_cache
+from pathlib import Path as _Path
 
-drop_stale_cache()
+from ..numba_cache import SIGMA_SOURCE, drop_stale_cache
+
+_HERE = _Path(__file__).parent
+# every module of this package, compiled or not, and σ's numba source
+drop_stale_cache(_HERE / "__pycache__", [*_HERE.glob("*.py"), SIGMA_SOURCE])
 
 from .simulate import (  # noqa: E402
     BACKENDS,
