@@ -23,6 +23,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .ziggurat import ZIGGURAT_TAIL, ziggurat_tables
+
 __all__ = ["fill_normals"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -33,21 +35,7 @@ _S30, _S27, _S31, _S11, _S7 = (np.uint64(30), np.uint64(27), np.uint64(31), np.u
                                np.uint64(7))
 _LOW7, _ONE = np.uint64(127), np.uint64(1)
 _TWO_M53 = 1.0 / 9007199254740992.0
-_TAIL = 3.442619855899
-
-
-def _ziggurat_tables(layers=128, r=_TAIL, v=9.91256303526217e-3):
-    """ZIGNOR tables: x[0] = v/f(r) (base strip), x[1] = r, …, x[layers] = 0; ratios x[i+1]/x[i]."""
-    x = np.zeros(layers + 1)
-    f = math.exp(-0.5 * r * r)
-    x[0], x[1] = v / f, r
-    for i in range(2, layers):
-        x[i] = math.sqrt(-2.0 * math.log(v / x[i - 1] + f))
-        f = math.exp(-0.5 * x[i] * x[i])
-    return x, x[1:] / x[:-1]
-
-
-_ZX, _ZR = _ziggurat_tables()
+_ZX, _ZR = ziggurat_tables()
 _KR = np.ceil(_ZR * 2.0**53).astype(np.int64)  # the box test on the 53-bit integer
 _ZXS = _ZX * _TWO_M53
 
@@ -77,9 +65,9 @@ def _finish(z, zx):
             while True:
                 u1, state = _uniform(state)
                 u2, state = _uniform(state)
-                t = math.log(u1) / _TAIL
+                t = math.log(u1) / ZIGGURAT_TAIL
                 if -2.0 * math.log(u2) >= t * t:
-                    return sign * (_TAIL - t)
+                    return sign * (ZIGGURAT_TAIL - t)
         x = u * zx[i]
         f0 = math.exp(-0.5 * (zx[i] * zx[i] - x * x))
         f1 = math.exp(-0.5 * (zx[i + 1] * zx[i + 1] - x * x))

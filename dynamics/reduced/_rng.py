@@ -16,6 +16,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ..ziggurat import ZIGGURAT_TAIL, ziggurat_tables
+
 __all__ = ["seed_stream", "next_u64", "uniform", "normal", "gamma", "chi2", "chi2_prepare",
            "chi2_prepared"]
 
@@ -55,19 +57,7 @@ def uniform(state):
     return (np.float64(x >> _S11) + 0.5) * _TWO_M53, state
 
 
-def _ziggurat_tables(layers=128, r=3.442619855899, v=9.91256303526217e-3):
-    """Doornik (2005) ZIGNOR tables: x[0] = v/f(r) (base strip), x[1] = r, …, x[C] = 0."""
-    x = np.zeros(layers + 1)
-    f = math.exp(-0.5 * r * r)
-    x[0], x[1] = v / f, r
-    for i in range(2, layers):
-        x[i] = math.sqrt(-2.0 * math.log(v / x[i - 1] + f))
-        f = math.exp(-0.5 * x[i] * x[i])
-    return x, x[1:] / x[:-1]
-
-
-_ZX, _ZR = _ziggurat_tables()
-_ZTAIL = 3.442619855899
+_ZX, _ZR = ziggurat_tables()
 
 
 @njit(cache=True)
@@ -77,9 +67,9 @@ def _normal_slow(u, i, state):
         while True:
             u1, state = uniform(state)
             u2, state = uniform(state)
-            t = math.log(u1) / _ZTAIL
+            t = math.log(u1) / ZIGGURAT_TAIL
             if -2.0 * math.log(u2) >= t * t:
-                return _ZTAIL - t, True, state
+                return ZIGGURAT_TAIL - t, True, state
     x = u * _ZX[i]
     f0 = math.exp(-0.5 * (_ZX[i] * _ZX[i] - x * x))
     f1 = math.exp(-0.5 * (_ZX[i + 1] * _ZX[i + 1] - x * x))
