@@ -4,6 +4,7 @@ The registry, the kernels and the Hermite coefficients live on the theory side
 (:mod:`hermite.activations`, no torch). :func:`torch_activation` adds tensor versions of σ
 and σ′ on top: torch's own ops for the named activations; polynomial ones (``quadratic``,
 ``linear``, ``he<p>``) are written with arithmetic only and apply to tensors as they are; a
+scaled one σ(a·x) (``erf(x/sqrt2)``) wraps its base's torch ops; a
 user's numpy callable is evaluated through numpy (correct, not fast).
 """
 
@@ -90,8 +91,17 @@ def torch_activation(activation) -> TorchActivation:
     if isinstance(activation, TorchActivation):
         return activation
     act = get_activation(activation)
+    base, a = act.base_and_scale
     if act.name in _TORCH_OPS and act.fn is get_activation(act.name).fn:
         fn, deriv = _TORCH_OPS[act.name]
+    elif base in _TORCH_OPS and act is get_activation(act.name):  # σ(a·x), a registry σ
+        f0, d0 = _TORCH_OPS[base]
+
+        def fn(x):
+            return f0(a * x)
+
+        def deriv(x):
+            return a * d0(a * x)
     elif act.polynomial_degree is not None:  # quadratic, linear, he<p>: arithmetic only
         fn, deriv = act.fn, act.deriv
     else:

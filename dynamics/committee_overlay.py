@@ -1,10 +1,11 @@
 """The committee-machine ODE beside a network learner's curves (issue 17, part 3).
 
 For ``scratch``, ``scratch-csq`` and ``sparse`` runs, the order-parameter ODE of
-:mod:`hermite.committee` (Saad–Solla, unit rows) from each run's own initial overlaps:
-Q₀ = the student Gram, R₀ = crossᵀ, v₀ = λ̂₀ at the first checkpoint; teacher T = the unit
-teacher rows' Gram, A = λ·output_scale; η̄ = η·d, η̄_v = η_c·d (trained second layer), label
-noise, batch; ``sparse``: only its s rows move (``trainable``) and the alignment is diagonal.
+:mod:`hermite.committee` (Saad–Solla, unit or free rows) from each run's own initial
+overlaps: Q₀ = the student Gram, R₀ = crossᵀ, v₀ = λ̂₀ at the first checkpoint; teacher T =
+the teacher rows' Gram (a committee teacher's too), A = λ·output_scale; η̄ = η·d,
+η̄_v = η_c·d (trained second layer), label noise, batch; ``sparse``: only its s rows move
+(``trainable``) and the alignment is diagonal.
 Integrated to α = steps/d at the checkpoints: the expected one-step map where the horizon is
 short (≤ :data:`ODE_EVALS` steps), ``solve_ivp`` otherwise. Runs with identical initial
 state (and instance, mask) share one ODE.
@@ -50,23 +51,29 @@ def committee_applies(config, instances) -> bool:
 
 def committee_model(inst, *, loss: str, eta: float, eta_c: float | None = None,
                     label_noise: float = 0.0, batch: int = 1, trainable=None,
-                    second_order: bool = True) -> CommitteeModel:
-    """The unit-row committee model of a network learner on instance ``inst`` (dimension
-    ``inst.d``): lr = η·d, lr_v = η_c·d (None: λ̂ frozen), loss_scale 1."""
+                    second_order: bool = True, rows: str = "unit",
+                    method: str = "auto") -> CommitteeModel:
+    """The committee model of a network learner (unit or free ``rows``) on instance ``inst``
+    (dimension ``inst.d``): lr = η·d, lr_v = η_c·d (None: λ̂ frozen), loss_scale 1."""
     d = float(inst.d)
     return CommitteeModel(
         inst.activation, inst.teacher_gram(), np.asarray(inst.lam, float) * inst.output_scale,
-        lr=eta * d, rows="unit", loss=loss, loss_scale=1.0,
+        lr=eta * d, rows=rows, loss=loss, loss_scale=1.0,
         lr_v=None if eta_c is None else eta_c * d, noise_var=label_noise, batch=int(batch),
-        second_order=second_order,
+        second_order=second_order, method=method,
         trainable=None if trainable is None or np.all(trainable) else
         tuple(bool(t) for t in trainable))
 
 
-def committee_state(cross, gram, lam_hat) -> CommitteeState:
-    """(Q, R, v) from cross ⟨vᵢ, ŵⱼ⟩ (k, k′), the student Gram (k′, k′) and λ̂ (k′,): Q the
-    Gram with its diagonal set to 1 (rows are unit up to rounding), R = crossᵀ/‖ŵⱼ‖."""
+def committee_state(cross, gram, lam_hat, rows: str = "unit") -> CommitteeState:
+    """(Q, R, v) from cross ⟨vᵢ, ŵⱼ⟩ (k, k′), the student Gram (k′, k′) and λ̂ (k′,): unit
+    rows: Q the Gram with its diagonal set to 1 (rows are unit up to rounding),
+    R = crossᵀ/‖ŵⱼ‖; free rows: Q the Gram, R = crossᵀ."""
     gram = np.asarray(gram, dtype=np.float64)
+    if rows == "free":
+        return CommitteeState.from_arrays(0.5 * (gram + gram.T),
+                                          np.asarray(cross, dtype=np.float64).T,
+                                          np.asarray(lam_hat, dtype=np.float64))
     n = np.sqrt(np.diag(gram))
     Q = gram / np.outer(n, n)
     Q = 0.5 * (Q + Q.T)
@@ -124,8 +131,8 @@ def _note(text: str) -> None:
 
 def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None, *,
                       loss: str, diagonal: bool, train_second_layer: bool,
-                      quiet: bool = False, second_order: bool | None = None
-                      ) -> tuple[dict, dict]:
+                      quiet: bool = False, second_order: bool | None = None,
+                      rows: str = "unit") -> tuple[dict, dict]:
     """({"ode_loss": (R, C), "ode_alignment": (R, C)}, their HDF5 attributes) from each run's
     initial cross (R, k, k′), Gram (R, k′, k′), λ̂ (R, k′) and trainable rows ``masks``
     (R, k′) (None: all); ({}, {}) where :func:`committee_applies` is false.
@@ -161,8 +168,8 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
         try:
             model = committee_model(inst, loss=loss, eta=config.eta, eta_c=eta_c,
                                     label_noise=config.label_noise, batch=config.batch,
-                                    trainable=masks[r], second_order=order == 2)
-            state = committee_state(cross0[r], gram0[r], lam0[r])
+                                    trainable=masks[r], second_order=order == 2, rows=rows)
+            state = committee_state(cross0[r], gram0[r], lam0[r], rows)
             lo, al, integrator = integrate(model, state, steps, inst.d, diagonal=diagonal)
         except (ValueError, RuntimeError) as exc:
             failed.append(f"runs {idx[0]}…{idx[-1]}: {exc}")
@@ -173,7 +180,8 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
               f"{failed[0]}")
     attrs = {"order": order, "order_reason": reason, "integrator": integrator,
              "distinct_odes": len(groups),
-             "description": "committee-machine order-parameter ODE (hermite.committee, unit "
+             "rows": rows,
+             "description": f"committee-machine order-parameter ODE (hermite.committee, {rows} "
                             "rows) from the run's initial overlaps"}
     return ({"ode_loss": out_loss, "ode_alignment": out_align},
             {"ode_loss": attrs, "ode_alignment": attrs})

@@ -172,6 +172,10 @@ class RunConfig:
             # which may evaluate unit-row theory
             raise ConfigError("learner", f"the App. B convention {base.convention!r} is "
                                          f"supported by 'finetune' only, not {self.learner!r}")
+        if base.committee and self.learner not in ("scratch", "scratch-csq"):
+            raise ConfigError("learner", f"a committee teacher (instance teacher = "
+                                         f"'committee') is learnt from scratch: learner "
+                                         f"scratch or scratch-csq, not {self.learner!r}")
         learner.check(self, base)
         return self
 

@@ -11,8 +11,9 @@ u = (u_w, √(1 − u_alpha²), 0, …) with ‖u_w‖ = u_alpha = ‖Π_W u‖.
 vectors λ, c, ĉ enter the law of every trajectory.
 
 Spec keys (JSON or TOML): ``activation, k, d, xi, W | gram, lam, c, c_hat, u_alpha, seed,
-convention``, and the rank-r keys ``C, spectrum, C_hat`` (``dynamics.lora_instance``; only the
-``lora`` learner reads them, and they are kept in the resolved spec).
+convention, teacher``, and the rank-r keys ``C, spectrum, C_hat``
+(``dynamics.lora_instance``; only the ``lora`` learner reads them, and they are kept in
+the resolved spec).
 
 ``convention`` (default ``unit``, the model above) may name the paper's App. B simulation
 convention instead: f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩) with the fixed row scale
@@ -21,6 +22,14 @@ the factor that keeps ‖vᵢ‖ ≈ 1 for c uniform on S^{k−1}); the student 
 (ĉ, û). Rows are then not unit vectors, so the Hermite theory (h, Φ, the ODE) does not apply:
 the loss is estimated by Monte Carlo and only the ``finetune`` learner on the full engine runs
 it.
+
+``teacher = "committee"`` makes the instance a generic committee-machine teacher instead of
+a fine-tuned one, for the from-scratch learners (``scratch``, ``scratch-csq``): f*(x) =
+Σᵢ λᵢ σ(⟨vᵢ, x⟩) with k = M rows vᵢ = the rows of W *as they are* (no perturbation, no
+renormalisation: keys ``xi, c, c_hat, u_alpha, convention`` do not apply), λ = ``lam``
+(default ``ones``: Saad & Solla's A = 1). ``W``: ``gaussian`` (rows i.i.d. N(0, I/d), so
+T = VVᵀ is Wishart/d, sampled exactly), ``orthonormal`` (T = I), an explicit k×d array, or
+``gram`` (any PSD T).
 """
 
 from __future__ import annotations
@@ -48,13 +57,17 @@ __all__ = [
     "LAM_GENERATORS",
     "C_GENERATORS",
     "CONVENTIONS",
+    "TEACHERS",
 ]
 
 SPEC_KEYS = ("activation", "k", "d", "xi", "W", "gram", "lam", "c", "c_hat", "u_alpha", "seed",
-             "convention", "C", "spectrum", "C_hat")
+             "convention", "teacher", "C", "spectrum", "C_hat")
 RANK_KEYS = ("C", "spectrum", "C_hat")  # rank-r teacher keys, read by dynamics.lora_instance
 CONVENTIONS = ("unit", "appB", "appB-sqrt")
+TEACHERS = ("finetune", "committee")
 W_GENERATORS = ("orthonormal", "separated", "claim2")
+COMMITTEE_W_GENERATORS = ("gaussian", "orthonormal")
+FINETUNE_ONLY_KEYS = ("xi", "c", "c_hat", "u_alpha", "convention", "C", "spectrum", "C_hat")
 LAM_GENERATORS = ("ones", "uniform", "random_sign")
 C_GENERATORS = ("quantized", "gaussian")
 C_HAT_GENERATORS = C_GENERATORS + ("teacher",)
@@ -82,7 +95,8 @@ class Instance:
     ``xi`` ≥ 0; ``gram`` G = WWᵀ (k×k); ``w_factor`` L with L Lᵀ = G (rows = wᵢ in an
     orthonormal basis of span W); ``u_w`` = Π_W u in that basis (‖u_w‖ = u_alpha);
     ``lam``, ``c``, ``c_hat`` (k-vectors); ``seed``; ``spec``, the resolved specification
-    (JSON-serialisable), and ``diagnostics`` (e.g. max |⟨wᵢ,wⱼ⟩| against Assumption 5).
+    (JSON-serialisable), and ``diagnostics`` (e.g. max |⟨wᵢ,wⱼ⟩| against Assumption 5);
+    ``teacher``: ``finetune`` (the model above) or ``committee`` (rows of W as given, ξ = 0).
     """
 
     activation: Activation
@@ -99,6 +113,12 @@ class Instance:
     spec: dict = field(default_factory=dict, compare=False)
     diagnostics: dict = field(default_factory=dict, compare=False)
     convention: str = "unit"
+    teacher: str = "finetune"
+
+    @property
+    def committee(self) -> bool:
+        """Whether the teacher is a generic committee machine (module docstring)."""
+        return self.teacher == "committee"
 
     # ---- convention (module docstring)
     @property
@@ -141,7 +161,10 @@ class Instance:
         return self.w_factor @ self.u_w
 
     def teacher_norms(self) -> np.ndarray:
-        """Nᵢ = ‖wᵢ + ξ cᵢ u‖: the divisor of row i (1/s in the App. B conventions)."""
+        """Nᵢ = ‖wᵢ + ξ cᵢ u‖: the divisor of row i (1/s in the App. B conventions, 1 for a
+        committee teacher: its rows are taken as they are)."""
+        if self.committee:
+            return np.ones(self.k)
         if not self.unit_rows:
             return np.full(self.k, 1.0 / self.row_scale)
         xi, c = self.xi, self.c
@@ -166,7 +189,9 @@ class Instance:
         return p, q
 
     def teacher_gram(self) -> np.ndarray:
-        """⟨vᵢ, vⱼ⟩ of the unit teacher rows."""
+        """⟨vᵢ, vⱼ⟩ of the teacher rows (unit rows; a committee teacher's T = VVᵀ)."""
+        if self.committee:
+            return np.array(self.gram)
         self._require_unit_rows("the teacher Gram matrix")
         xi, c, wu = self.xi, self.c, self.w_dot_u
         raw = self.gram + xi * (np.outer(wu, c) + np.outer(c, wu)) + xi**2 * np.outer(c, c)
@@ -186,7 +211,7 @@ class Instance:
         spec = dict(self.spec, c_hat=ch.tolist())
         return Instance(self.activation, self.k, self.d, self.xi, self.gram, self.w_factor,
                         self.u_w, self.lam, self.c, ch, self.seed, spec, self.diagnostics,
-                        self.convention)
+                        self.convention, self.teacher)
 
 
 # ---------------------------------------------------------------- spec parsing
@@ -327,6 +352,11 @@ def build_instance(spec: dict) -> Instance:
         raise SpecError("activation", str(exc)) from None
     k = _int_key(spec, "k", 1)
     d = _int_key(spec, "d", 1, required=False)
+    teacher = str(spec.get("teacher", "finetune"))
+    if teacher not in TEACHERS:
+        raise SpecError("teacher", f"unknown teacher {teacher!r}; valid: {', '.join(TEACHERS)}")
+    if teacher == "committee":
+        return _committee_instance(spec, act, k, d)
     xi = _float_key(spec, "xi", 1.0, lo=0.0)
     u_alpha = _float_key(spec, "u_alpha", 0.0, lo=0.0, hi=1.0, hi_open=True)
     seed = _int_key(spec, "seed", 0, required=False) or 0
@@ -412,3 +442,52 @@ def _resolve_w(spec, k, d, xi, c, seed, diagnostics):
     if np.linalg.eigvalsh(g)[0] < -1e-12:
         raise SpecError("W", f"claim2 Gram 1 − ξ²cᵢcⱼ is not PSD for xi = {xi} (needs ξ²‖c‖² ≲ 1)")
     return g, name, None
+
+
+def _committee_instance(spec: dict, act: Activation, k: int, d: int | None) -> Instance:
+    """A committee-machine teacher (module docstring): T from ``W`` / ``gram``, λ = ``lam``."""
+    for key in FINETUNE_ONLY_KEYS:
+        if key in spec:
+            raise SpecError(key, "does not apply to a committee teacher (teacher = "
+                                 "'committee' has no perturbation ξ c uᵀ)")
+    seed = _int_key(spec, "seed", 0, required=False) or 0
+    if d is None:
+        raise SpecError("d", "is required for a committee teacher")
+    if d < k + 2:
+        raise SpecError("d", f"must be ≥ k + 2 = {k + 2}")
+    lam, lam_name = _vector(spec, "lam", k, "ones", LAM_GENERATORS, seed)
+    factor = None
+    if "W" in spec and not isinstance(spec["W"], str):
+        w = _array("W", spec["W"])
+        if w.ndim != 2 or w.shape != (k, d):
+            raise SpecError("W", f"must be a k×d = {k}×{d} array, got shape {w.shape}")
+        _, r = sla.qr(w.T, mode="economic")
+        factor, gram, w_name = r.T, w @ w.T, "explicit"
+    elif "gram" in spec and spec["gram"] is not None:
+        gram = _array("gram", spec["gram"])
+        if gram.shape != (k, k) or not np.allclose(gram, gram.T, atol=1e-10):
+            raise SpecError("gram", f"must be a symmetric ({k}, {k}) matrix")
+        if np.linalg.eigvalsh(gram)[0] < -1e-10:
+            raise SpecError("gram", "is not positive semi-definite")
+        gram, w_name = 0.5 * (gram + gram.T), "gram"
+    else:
+        w_name = str(spec.get("W", "gaussian")).lower()
+        if w_name not in COMMITTEE_W_GENERATORS:
+            raise SpecError("W", f"unknown generator {spec['W']!r} for a committee teacher; "
+                                 f"valid: {', '.join(COMMITTEE_W_GENERATORS)} or an explicit "
+                                 "k×d array")
+        if w_name == "orthonormal":
+            gram = np.eye(k)
+        else:  # rows i.i.d. N(0, I/d): VVᵀ = A Aᵀ/d with Bartlett's A (exact in O(k²))
+            a = np.tril(_rng(seed, "W").standard_normal((k, k)), -1)
+            a[np.diag_indices(k)] = np.sqrt(_rng(seed, "W-chi2").chisquare(d - np.arange(k)))
+            factor = a / math.sqrt(d)
+            gram = factor @ factor.T
+    if factor is None:
+        factor = _factor(gram)
+    zeros = np.zeros(k)
+    resolved = {"activation": act.name, "k": k, "d": d, "seed": seed, "teacher": "committee",
+                "W": w_name, "lam": lam_name,
+                "values": {"gram": gram.tolist(), "lam": lam.tolist()}}
+    return Instance(act, k, d, 0.0, gram, factor, zeros, lam, zeros, zeros.copy(), seed,
+                    resolved, {}, "unit", "committee")

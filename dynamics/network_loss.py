@@ -6,6 +6,7 @@ For f(x) = Σᵢ λᵢ σ(⟨vᵢ,x⟩) and f̂(x) = Σⱼ λ̂ⱼ σ(⟨v̂ⱼ,
 
 (App. D.1; ``hermite.dual_kernel`` evaluates K exactly). Every learner whose student is a
 network of unit rows (scratch, sparse, full-rank linearized weights) reports this loss.
+Rows of any norm (free rows, a committee teacher): :func:`network_loss_from_overlaps`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 import hermite
+from hermite.committee import CommitteeIntegrals
 
-__all__ = ["teacher_rows", "network_loss", "network_loss_from_grams"]
+__all__ = ["teacher_rows", "network_loss", "network_loss_from_grams",
+           "network_loss_from_overlaps"]
 
 
 def teacher_rows(instance) -> np.ndarray:
@@ -57,3 +60,36 @@ def network_loss(instance, rows_hat, lam_hat) -> np.ndarray:
     gram = np.einsum("...id,...jd->...ij", rows_hat, rows_hat)
     return network_loss_from_grams(instance.activation, instance.lam, instance.teacher_gram(),
                                    lam_hat, gram, cross)
+
+
+def network_loss_from_overlaps(activation, lam, teacher_gram, lam_hat, student_gram,
+                               cross) -> np.ndarray:
+    """E(f − f̂)² for rows of any norm, arguments as :func:`network_loss_from_grams`.
+
+    The fields (⟨ŵⱼ, x⟩, ⟨vᵢ, x⟩) are Gaussian with covariance C = [[Q, Rᵀ…]] built from the
+    student Gram Q, cross = ⟨vᵢ, ŵⱼ⟩ and the teacher Gram T, so
+    E(f − f̂)² = Σ_ab c_a c_b E[σ(a)σ(b)] over all k′ + k fields, c = (−λ̂, λ), each term a
+    two-field integral (:class:`hermite.committee.CommitteeIntegrals`: closed forms for erf,
+    linear, relu/abs, polynomials; quadrature otherwise). Equal to
+    :func:`network_loss_from_grams` for unit rows.
+    """
+    lam_hat = np.asarray(lam_hat, float)
+    gram = np.asarray(student_gram, float)
+    cross = np.asarray(cross, float)
+    T = np.asarray(teacher_gram, float)
+    kp, k = gram.shape[-1], T.shape[-1]
+    batch = gram.shape[:-2]
+    C = np.empty(batch + (kp + k, kp + k))
+    C[..., :kp, :kp] = gram
+    C[..., :kp, kp:] = np.swapaxes(cross, -1, -2)
+    C[..., kp:, :kp] = cross
+    C[..., kp:, kp:] = T
+    a, b = np.triu_indices(kp + k)
+    pairs = np.empty(batch + (a.size, 2, 2))
+    pairs[..., 0, 0], pairs[..., 1, 1] = C[..., a, a], C[..., b, b]
+    pairs[..., 0, 1] = pairs[..., 1, 0] = C[..., a, b]
+    i2 = CommitteeIntegrals(activation).i2(pairs)
+    coef = np.concatenate([-lam_hat, np.broadcast_to(np.asarray(lam, float),
+                                                     batch + (k,))], axis=-1)
+    mult = np.where(a == b, 1.0, 2.0)
+    return np.sum(mult * coef[..., a] * coef[..., b] * i2, axis=-1)

@@ -5,8 +5,11 @@ where one exists, the closed-form dual kernel K(ρ) = E[σ(z₁)σ(z₂)] and it
 K′(ρ) = E[σ′(z₁)σ′(z₂)] (Price's theorem) for standard Gaussians of correlation ρ, plus the
 closed-form orthonormal Hermite coefficients μ_p (basis hₚ = Heₚ/√(p!)).
 
-Names: ``relu, abs, sigmoid, tanh, erf, quadratic, linear`` and ``he<p>`` (normalized hₚ).
-The engine adds tensor versions of σ and σ′ on top (:mod:`dynamics.activations`).
+Names: ``relu, abs, sigmoid, tanh, erf, quadratic, linear`` and ``he<p>`` (normalized hₚ),
+and any of them with an input scale a > 0, σ_a(x) = σ(a·x): ``erf(x/sqrt2)`` (Saad & Solla's
+and nn2pp's g), ``tanh(x*0.5)``, ``relu(x*2)`` (:func:`scaled_activation`; the scale is
+``sqrt<n>``, ``sqrt(<number>)`` or a number). The engine adds tensor versions of σ and σ′ on
+top (:mod:`dynamics.activations`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 import scipy.special as sp
@@ -25,9 +29,11 @@ __all__ = [
     "get_activation",
     "activation_from_callable",
     "hermite_normalized",
+    "scaled_activation",
 ]
 
-ACTIVATION_NAMES = ("relu", "abs", "sigmoid", "tanh", "erf", "quadratic", "linear", "he<p>")
+ACTIVATION_NAMES = ("relu", "abs", "sigmoid", "tanh", "erf", "quadratic", "linear", "he<p>",
+                    "<name>(x*a)", "<name>(x/a)")
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,11 @@ class Activation:
     deriv_second_moment: float | None = None
     polynomial_degree: int | None = None
     extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def base_and_scale(self) -> tuple[str, float]:
+        """(registry name of σ, input scale a) of σ(a·x); (name, 1.0) when unscaled."""
+        return self.extra.get("base", self.name), float(self.extra.get("scale", 1.0))
 
     def __call__(self, x):
         return self.fn(x)
@@ -254,24 +265,134 @@ _REGISTRY: dict[str, Activation] = {
 }
 
 _HE_PATTERN = re.compile(r"^he(\d+)$")
+_SCALED_PATTERN = re.compile(r"^(\w+)\(\s*x\s*([*/])\s*([^()\s]+|sqrt\([^()]+\))\s*\)$")
+_NUMBER = r"[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?"
+# positively homogeneous σ (σ(a x) = a^h σ(x) for a > 0): their scaled kernels are closed forms
+_HOMOGENEOUS = {"relu": 1, "abs": 1, "linear": 1, "quadratic": 2}
+
+
+def _base_activation(key: str) -> Activation | None:
+    if key in _REGISTRY:
+        return _REGISTRY[key]
+    match = _HE_PATTERN.match(key)
+    return _hermite_activation(int(match.group(1))) if match else None
+
+
+def _parse_scale(text: str) -> float | None:
+    """a from ``2``, ``0.5``, ``sqrt2``, ``sqrt(2)``, ``sqrt(0.5)``; None if malformed."""
+    m = re.fullmatch(rf"sqrt\(?({_NUMBER})\)?", text)
+    if m:
+        return math.sqrt(float(m.group(1)))
+    return float(text) if re.fullmatch(_NUMBER, text) else None
 
 
 def get_activation(name) -> Activation:
-    """Look an activation up by name (``relu``, ``he3``, ...); pass an Activation through.
+    """Look an activation up by name (``relu``, ``he3``, ``erf(x/sqrt2)``...); pass an
+    Activation through.
 
     Raises ``ValueError`` naming the valid names for an unknown one.
     """
     if isinstance(name, Activation):
         return name
     key = str(name).strip().lower()
-    if key in _REGISTRY:
-        return _REGISTRY[key]
-    match = _HE_PATTERN.match(key)
+    act = _base_activation(key)
+    if act is not None:
+        return act
+    match = _SCALED_PATTERN.match(key)
     if match:
-        return _hermite_activation(int(match.group(1)))
+        base, op, text = match.groups()
+        scale = _parse_scale(text)
+        if _base_activation(base) is None or scale is None or not math.isfinite(scale) \
+                or scale <= 0:
+            raise ValueError(f"activation {name!r}: a scaled activation is <name>(x*a) or "
+                             f"<name>(x/a) with a registry name and a number a > 0 (or "
+                             f"sqrt<n>), e.g. erf(x/sqrt2)")
+        return scaled_activation(base, 1.0 / scale if op == "/" else scale)
     raise ValueError(
         f"unknown activation {name!r}; valid names: {', '.join(ACTIVATION_NAMES)}"
     )
+
+
+def _canonical_scale(a: float) -> tuple[str, float]:
+    """(text, a′) of a scale: ``*n``, ``/n``, ``*sqrtn``, ``/sqrtn`` for integers n ≥ 2
+    (a′ recomputed from n, so 1/√2 written either way is one float), else ``*repr(a)``."""
+    forms = (("*", a, lambda n: float(n)), ("/", 1.0 / a, lambda n: 1.0 / n),
+             ("*sqrt", a * a, math.sqrt), ("/sqrt", 1.0 / (a * a), lambda n: 1.0 / math.sqrt(n)))
+    for op, v, back in forms:
+        n = round(v)
+        if n >= 2 and abs(v - n) <= 1e-12 * n:
+            return f"{op}{n}", back(n)
+    return f"*{a!r}", a
+
+
+def scaled_activation(base: str, scale: float) -> Activation:
+    """σ_a(x) = σ(a·x) for a registry σ and a > 0, σ_a′(x) = a σ′(a·x); one object per
+    canonical (σ, a), so equal names are the same activation (:func:`_scaled`)."""
+    a = float(scale)
+    if not math.isfinite(a) or a <= 0.0:
+        raise ValueError(f"activation scale must be a finite number > 0, got {scale!r}")
+    act = _base_activation(str(base).strip().lower())
+    if act is None:
+        raise ValueError(f"unknown activation {base!r}; valid names: "
+                         f"{', '.join(ACTIVATION_NAMES)}")
+    if a == 1.0:
+        return act
+    text, a = _canonical_scale(a)
+    return _scaled(act.name, text, a)
+
+
+@cache
+def _scaled(base: str, text: str, a: float) -> Activation:
+    """The :class:`Activation` ``base(x{text})`` = σ(a·x).
+
+    Closed-form kernels where they exist: erf (K_a(ρ) = (2/π) arcsin(2a²ρ/(1 + 2a²)),
+    K_a′(ρ) = (4a²/π)/√((1 + 2a²)² − 4a⁴ρ²), Saad & Solla's g at a = 1/√2) and the positively
+    homogeneous relu, abs, linear, quadratic (σ(ax) = a^h σ(x): K_a = a^{2h} K, μ scaled by
+    a^h); otherwise quadrature (as for a user's σ). Breakpoints scale by 1/a.
+    """
+    act = _base_activation(base)
+    name = f"{base}(x{text})"
+    extra = {"base": act.name, "scale": a}
+    f0, d0 = act.fn, act.deriv
+
+    def fn(x):
+        return f0(a * x)
+
+    def deriv(x):
+        return a * d0(a * x)
+
+    kernel = kprime = coefficients = None
+    dsm = None
+    if act.name == "erf":
+        t2 = 2.0 * a * a
+
+        def kernel(rho):
+            return (2.0 / np.pi) * np.arcsin(t2 * _clip_rho(rho) / (1.0 + t2))
+
+        def kprime(rho):
+            r = _clip_rho(rho)
+            return t2 * (2.0 / np.pi) / np.sqrt((1.0 + t2) ** 2 - t2 * t2 * r * r)
+
+        dsm = float(kprime(1.0))
+        extra["erf_scale"] = a
+    elif act.name in _HOMOGENEOUS:
+        g = a ** _HOMOGENEOUS[act.name]
+        k0, kp0, c0 = act.kernel, act.kprime, act.coefficients
+
+        def kernel(rho):
+            return g * g * k0(rho)
+
+        def kprime(rho):
+            return g * g * kp0(rho)
+
+        def coefficients(pmax):
+            return g * c0(pmax)
+
+        dsm = g * g * act.deriv_second_moment
+    return Activation(name, fn, deriv, kernel, kprime, coefficients,
+                      breakpoints=tuple(b / a for b in act.breakpoints),
+                      deriv_second_moment=dsm, polynomial_degree=act.polynomial_degree,
+                      extra=extra)
 
 
 def activation_from_callable(

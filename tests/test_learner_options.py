@@ -45,7 +45,8 @@ def test_every_learner_declares_its_options():
                                 "refit_samples")
     assert set(_own("lora")) >= {"rank", "retraction", "joint_c"}
     assert _own("glm") == ("init",) and _own("moment") == ("moment_order",)
-    assert _own("scratch-csq") == () and _own("sparse") == ("sparse_rows", "sparse_select")
+    assert _own("scratch-csq") == ("rows", "init_scale")
+    assert _own("sparse") == ("sparse_rows", "sparse_select")
     assert {n for lrn in LEARNERS for n in _own(lrn)} == set(all_options())
     for spec in all_options().values():
         assert spec.help and spec.learners

@@ -1,7 +1,11 @@
-"""Learners ``scratch``, ``scratch-csq`` and ``sparse``: a two-layer network of unit rows.
+"""Learners ``scratch``, ``scratch-csq`` and ``sparse``: a two-layer network of unit rows
+(or of free rows: the committee machine).
 
 Student f̂(x) = Σⱼ λ̂ⱼ σ(⟨ŵⱼ, x⟩), ŵⱼ ∈ S^{d−1} (j < k′), trained by spherical online SGD
-(the same retraction as eq. 4, one row at a time). With aⱼ = ⟨ŵⱼ, x⟩ and y the label
+(the same retraction as eq. 4, one row at a time); with ``rows = "free"`` (scratch,
+scratch-csq) the rows are unconstrained, start i.i.d. N(0, s²I/d) (s = ``init_scale``, so
+‖ŵⱼ‖ ≈ s) and follow plain online SGD ŵⱼ ← ŵⱼ − η Gⱼ (Saad & Solla's committee machine in
+engine units: their η̄ = η·d, docs/theory/committee.md). With aⱼ = ⟨ŵⱼ, x⟩ and y the label
 (teacher f*(x) = Σᵢ λᵢ σ(⟨vᵢ, x⟩), plus label noise), the sample gradients are
 
     squared loss     L = (y − f̂)²:  ∇_{ŵⱼ} L = δⱼ x,  δⱼ = −2(y − f̂) λ̂ⱼ σ′(aⱼ),
@@ -39,18 +43,29 @@ import torch
 from .. import sphere
 from ..errors import ConfigError
 from ..losses import LOSS_EXACT
-from ..network_loss import network_loss_from_grams
+from ..network_loss import network_loss_from_grams, network_loss_from_overlaps
 from ..sampling import run_seed
 from .base import Learner, RunResult, TensorState, make_trajectory
 from .options import Options, eta_c_option, option
 from .problem import Problem, rowmat
 
 __all__ = ["NetworkState", "NetworkLearner", "Scratch", "ScratchCSQ", "Sparse",
-           "ScratchOptions", "SparseOptions", "SPARSE_SELECTIONS",
+           "ScratchOptions", "ScratchCSQOptions", "SparseOptions", "SPARSE_SELECTIONS", "ROWS",
            "exact_loss", "alignment", "sparse_rows", "sparse_selection"]
 
 SQUARED, CORRELATION = "squared", "correlation"
 SPARSE_SELECTIONS = ("lambda", "random")
+ROWS = ("unit", "free")
+
+
+def _rows_option():
+    return option("unit", "First-layer rows: unit (on the sphere, spherical SGD) or free "
+                          "(unconstrained, plain SGD: the committee machine).", choices=ROWS)
+
+
+def _init_scale_option():
+    return option(1.0, "Free rows: initial rows i.i.d. N(0, init_scale²·I/d) (‖ŵ‖ ≈ "
+                       "init_scale).", check="positive")
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,16 @@ class ScratchOptions(Options):
     train_second_layer: bool = option(False, "Also train the second layer λ̂ (plain SGD, "
                                              "step size eta_c).")
     eta_c: float | None = eta_c_option()
+    rows: str = _rows_option()
+    init_scale: float = _init_scale_option()
+
+
+@dataclass(frozen=True)
+class ScratchCSQOptions(Options):
+    """Options of ``scratch-csq`` (λ̂ = λ fixed: the correlation loss is unbounded in λ̂)."""
+
+    rows: str = _rows_option()
+    init_scale: float = _init_scale_option()
 
 
 @dataclass(frozen=True)
@@ -112,8 +137,10 @@ def sparse_selection(config, lam: np.ndarray, d: int, run: int) -> np.ndarray:
 
 
 def exact_loss(instances, cross: np.ndarray, gram: np.ndarray,
-               lam_hat: np.ndarray) -> np.ndarray:
-    """(R, C) exact E(f* − f̂)² from cross (R, C, k, k′), gram (R, C, k′, k′), λ̂ (R, C, k′).
+               lam_hat: np.ndarray, unit: bool = True) -> np.ndarray:
+    """(R, C) exact E(f* − f̂)² from cross (R, C, k, k′), gram (R, C, k′, k′), λ̂ (R, C, k′):
+    dual kernels for unit rows and a unit-row teacher (``unit``), else the Gaussian integrals
+    of the fields' covariance (``network_loss_from_overlaps``: free rows, committee teacher).
 
     Non-finite checkpoints (none expected: the engine restores diverged runs) give NaN.
     """
@@ -121,13 +148,28 @@ def exact_loss(instances, cross: np.ndarray, gram: np.ndarray,
     for r, inst in enumerate(instances):
         ok = (np.isfinite(cross[r]).all((-1, -2)) & np.isfinite(gram[r]).all((-1, -2))
               & np.isfinite(lam_hat[r]).all(-1))
-        out[r, ok] = network_loss_from_grams(inst.activation, inst.lam, inst.teacher_gram(),
-                                             lam_hat[r, ok], gram[r, ok], cross[r, ok])
+        if unit and not inst.committee:
+            out[r, ok] = network_loss_from_grams(inst.activation, inst.lam,
+                                                 inst.teacher_gram(), lam_hat[r, ok],
+                                                 gram[r, ok], cross[r, ok])
+        else:
+            out[r, ok] = network_loss_from_overlaps(inst.activation, inst.lam,
+                                                    inst.teacher_gram(), lam_hat[r, ok],
+                                                    gram[r, ok], cross[r, ok])
     return out
 
 
-def alignment(cross: np.ndarray, diagonal: bool) -> np.ndarray:
-    """Mean over teacher neurons i of ⟨vᵢ, ŵᵢ⟩ (``diagonal``) or of maxⱼ |⟨vᵢ, ŵⱼ⟩|."""
+def alignment(cross: np.ndarray, diagonal: bool, gram: np.ndarray | None = None,
+              teacher_gram: np.ndarray | None = None) -> np.ndarray:
+    """Mean over teacher neurons i of cos(vᵢ, ŵᵢ) (``diagonal``) or of maxⱼ |cos(vᵢ, ŵⱼ)|,
+    cos = ⟨vᵢ, ŵⱼ⟩ (unit rows) or ⟨vᵢ, ŵⱼ⟩/(‖vᵢ‖‖ŵⱼ‖) given the student Gram ``gram``
+    (…, k′, k′) and the teacher's (k, k) or (R, k, k) (free rows, committee teacher)."""
+    if gram is not None:
+        sn = np.sqrt(np.diagonal(gram, axis1=-2, axis2=-1))[..., None, :]
+        tn = np.sqrt(np.diagonal(teacher_gram, axis1=-2, axis2=-1))
+        tn = tn[:, None, :, None] if tn.ndim == 2 else tn[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cross = cross / (sn * tn)
     if diagonal:
         return np.diagonal(cross, axis1=-2, axis2=-1).mean(-1)
     return np.abs(cross).max(-1).mean(-1)
@@ -145,9 +187,11 @@ class NetworkLearner(Learner):
 
     def __init__(self, problem: Problem, *, width: int, eta: float, eta_c: float,
                  train_second_layer: bool = False, batch: int = 1, label_noise: float = 0.0,
-                 mask: torch.Tensor | None = None):
+                 mask: torch.Tensor | None = None, rows: str = "unit",
+                 init_scale: float = 1.0):
         self.problem, self.k, self.width = problem, problem.k, width
         self.train_second_layer, self.batch = train_second_layer, batch
+        self.free, self.init_scale = rows == "free", float(init_scale)
         self.noise_sd = math.sqrt(label_noise)
         ones = torch.ones_like(problem.xi)
         self.eta_r, self.eta_c_r = eta * ones, eta_c * ones
@@ -164,6 +208,9 @@ class NetworkLearner(Learner):
         if not config.train_second_layer and width != instance.k:
             raise ConfigError("width", f"{cls.name} with a fixed second layer (λ̂ = λ) needs "
                                        f"width = k = {instance.k}, got {width}")
+        if config.rows != "free" and config.init_scale != 1.0:
+            raise ConfigError("init_scale", "sets the scale of free rows (--rows free); unit "
+                                            "rows start uniform on the sphere")
 
     @classmethod
     def init_kwargs(cls, config, problem: Problem) -> dict:
@@ -171,7 +218,8 @@ class NetworkLearner(Learner):
         return dict(width=problem.k if config.width is None else config.width,
                     eta=config.eta, eta_c=config.step_size_c,
                     train_second_layer=config.train_second_layer, batch=config.batch,
-                    label_noise=config.label_noise)
+                    label_noise=config.label_noise, rows=config.rows,
+                    init_scale=config.init_scale)
 
     @classmethod
     def from_config(cls, config, problem: Problem):
@@ -225,18 +273,21 @@ class NetworkLearner(Learner):
 
     def sample_gradients(self, state: NetworkState, x: torch.Tensor,
                          eps: torch.Tensor | None = None):
-        """Per-example (tangent ∇_{ŵ} L (R, b, k′, d), zero on frozen rows; ∂L/∂λ̂ (R, b, k′)
-        (whether or not λ̂ is trained); L (R, b)) for x (R, b, d), label normals eps (R, b)."""
+        """Per-example (tangent ∇_{ŵ} L (R, b, k′, d) (free rows: ∇_{ŵ} L), zero on frozen
+        rows; ∂L/∂λ̂ (R, b, k′) (whether or not λ̂ is trained); L (R, b)) for x (R, b, d),
+        label normals eps (R, b)."""
         pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
         _, sa, delta, outer, loss = self._terms(state, x, pre.y[:, 0])
         grad = delta[..., None] * x[:, :, None, :]
-        tangent = sphere.proju(state.rows[:, None], grad) * self._mask_f[:, None, :, None]
-        return tangent, outer[..., None] * sa, loss
+        if not self.free:
+            grad = sphere.proju(state.rows[:, None], grad)
+        return grad * self._mask_f[:, None, :, None], outer[..., None] * sa, loss
 
     # ------------------------------------------------------------------ steps
     def step_prepared_(self, state: NetworkState, x: torch.Tensor, pre: Prepared,
                        i: int) -> torch.Tensor:
-        """One spherical SGD step in place on x (R, b, d); returns minⱼ 1/nⱼ (R,)."""
+        """One spherical SGD step in place on x (R, b, d); returns minⱼ 1/nⱼ (R,). Free rows:
+        ŵⱼ ← ŵⱼ − ηGⱼ, returning minⱼ (1 + η²‖Gⱼ‖²)^{−1/2}."""
         a, sa, delta, outer, _ = self._terms(state, x, pre.y[:, i])
         b = x.shape[1]
         if b == 1:  # Gⱼ (R, k′, d): an outer product is cheaper than a bmm
@@ -246,9 +297,14 @@ class NetworkLearner(Learner):
         ug = torch.linalg.vecdot(delta, a, dim=1).div_(b)  # ⟨ŵⱼ, Gⱼ⟩ (R, k′)
         eta = self.eta_r[:, None] * self._mask_f  # 0 on frozen rows
         g2 = torch.linalg.vector_norm(grad, dim=-1).square_()
-        inv = torch.addcmul(g2, ug, ug, value=-1.0).mul_(eta * eta).add_(1.0).rsqrt_()
-        alpha = torch.addcmul(inv, inv, eta * ug)  # (1 + η⟨ŵ,G⟩)/n
-        state.rows.mul_(alpha[..., None]).addcmul_(grad, (eta * inv)[..., None], value=-1.0)
+        if self.free:
+            inv = g2.mul(eta * eta).add_(1.0).rsqrt_()
+            state.rows.addcmul_(grad, eta[..., None], value=-1.0)
+        else:
+            inv = torch.addcmul(g2, ug, ug, value=-1.0).mul_(eta * eta).add_(1.0).rsqrt_()
+            alpha = torch.addcmul(inv, inv, eta * ug)  # (1 + η⟨ŵ,G⟩)/n
+            state.rows.mul_(alpha[..., None]).addcmul_(grad, (eta * inv)[..., None],
+                                                       value=-1.0)
         if self.train_second_layer:
             grad_l = torch.linalg.vecdot(outer[..., None], sa, dim=1).div_(b)
             state.lam_hat.addcmul_(grad_l, self.eta_c_r[:, None], value=-1.0)
@@ -281,7 +337,7 @@ class NetworkLearner(Learner):
                 runs, n, b, -1)
         network_chunk(rows, state.lam_hat, x, pre.y, self.eta_r, self.eta_c_r, self.mask,
                       norms, activation=code, correlation=self.loss_name == CORRELATION,
-                      train=self.train_second_layer, a_pre=a_pre)
+                      train=self.train_second_layer, a_pre=a_pre, free=self.free)
         state.step += n
 
     def bad_runs(self, state: NetworkState) -> torch.Tensor:
@@ -292,13 +348,17 @@ class NetworkLearner(Learner):
                  & torch.isfinite(state.lam_hat).all(-1))
 
     def renormalize_(self, state: NetworkState) -> None:
-        """Exact projx of the trainable rows (frozen rows are left bit-for-bit unchanged)."""
+        """Exact projx of the trainable rows (frozen rows are left bit-for-bit unchanged);
+        nothing for free rows."""
+        if self.free:
+            return
         norms = torch.linalg.vector_norm(state.rows, dim=-1)
         state.rows.div_(torch.where(self.mask, norms, torch.ones_like(norms))[..., None])
 
     # ------------------------------------------------------------------ observables
     def _teacher_rows(self) -> torch.Tensor:
-        """(R, k, k+1) unit teacher rows vᵢ (canonical frame, first k+1 coordinates)."""
+        """(R, k, k+1) teacher rows vᵢ (canonical frame, first k+1 coordinates): unit, or a
+        committee teacher's rows as they are."""
         if self._vrows is None:
             p = self.problem
             lt = p.lt if p.lt.dim() == 3 else p.lt.expand(p.runs, -1, -1)
@@ -306,7 +366,9 @@ class NetworkLearner(Learner):
             u = torch.cat([p.u_w, p.u_perp[:, None]], dim=1)  # (R, k+1)
             head = torch.cat([w, torch.zeros_like(w[..., :1])], dim=2)
             v = head + (p.xi[:, None] * p.c)[..., None] * u[:, None, :]
-            self._vrows = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+            if not p.committee:
+                v = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+            self._vrows = v
         return self._vrows
 
     def observe(self, state: NetworkState) -> dict:
@@ -327,8 +389,14 @@ class NetworkLearner(Learner):
         from ..committee_overlay import committee_records
 
         rec = result.records
-        loss = exact_loss(result.instances, rec["cross"], rec["gram"], rec["lam_hat"])
-        align = alignment(rec["cross"], self.diagonal_alignment)
+        insts = result.instances
+        unit = not self.free and not insts[0].committee
+        loss = exact_loss(insts, rec["cross"], rec["gram"], rec["lam_hat"], unit=unit)
+        if unit:
+            align = alignment(rec["cross"], self.diagonal_alignment)
+        else:
+            align = alignment(rec["cross"], self.diagonal_alignment, rec["gram"],
+                              np.stack([i.teacher_gram() for i in insts]))
         extra = {"alignment": align}
         if self.train_second_layer:
             extra["lam_hat"] = rec["lam_hat"]
@@ -336,15 +404,16 @@ class NetworkLearner(Learner):
             result.config, result.instances, result.steps, rec["cross"][:, 0],
             rec["gram"][:, 0], rec["lam_hat"][:, 0], self.mask.cpu().numpy(),
             loss=self.loss_name, diagonal=self.diagonal_alignment,
-            train_second_layer=self.train_second_layer)
+            train_second_layer=self.train_second_layer, rows="free" if self.free else "unit")
         extra.update(ode)
         return make_trajectory(result, align, loss, loss_kind=LOSS_EXACT, extra=extra,
                                extra_attrs=attrs)
 
 
 class _FromScratch(NetworkLearner):
-    """Rows i.i.d. uniform on S^{d−1} from run r's ``init`` stream; λ̂₀ = λ, or, when trained
-    and k′ ≠ k, λ̂ⱼ ~ N(0, 1/k′) from the same stream (drawn after the rows)."""
+    """Rows i.i.d. uniform on S^{d−1} (free rows: i.i.d. N(0, s²I/d)) from run r's ``init``
+    stream; λ̂₀ = λ, or, when trained and k′ ≠ k, λ̂ⱼ ~ N(0, 1/k′) from the same stream
+    (drawn after the rows)."""
 
     def initial_arrays(self, config, instances) -> tuple[np.ndarray, np.ndarray]:
         d, width = instances[0].d, self.width
@@ -353,7 +422,10 @@ class _FromScratch(NetworkLearner):
         for r, inst in enumerate(instances):
             rng = np.random.default_rng(run_seed(config.seed, r, "init"))
             g = rng.standard_normal((width, d))
-            rows[r] = g / np.linalg.norm(g, axis=1, keepdims=True)
+            if self.free:
+                rows[r] = g * (self.init_scale / math.sqrt(d))
+            else:
+                rows[r] = g / np.linalg.norm(g, axis=1, keepdims=True)
             if width == inst.k:
                 lam_hat[r] = inst.lam
             else:
@@ -372,7 +444,8 @@ class ScratchCSQ(_FromScratch):
     """``scratch-csq``: the correlation loss L = −y f̂ (a CSQ algorithm), λ̂ = λ fixed."""
 
     name = "scratch-csq"
-    loss_name = CORRELATION  # no options: λ̂ = λ (the loss is unbounded in λ̂), so k′ = k
+    Options = ScratchCSQOptions
+    loss_name = CORRELATION  # λ̂ = λ (the loss is unbounded in λ̂), so k′ = k
 
 
 class Sparse(NetworkLearner):

@@ -30,6 +30,7 @@ a diverged step still reads non-finite in the health value). Arrays are float64 
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,8 @@ from hermite.activations_numba import HERMITE_CODE, act_code, sigma_and_deriv
 
 from ..numba_cache import SIGMA_SOURCE, drop_stale_cache
 
-__all__ = ["network_chunk", "linear_chunk", "kernel_activation", "examples_view"]
+__all__ = ["network_chunk", "linear_chunk", "kernel_activation", "examples_view", "RowArrays",
+           "ChunkView", "RowFlags"]
 
 # reassociation (vectorised reductions) and contraction (FMA); no nnan/ninf: NaN must survive
 _FM = {"reassoc", "contract", "nsz"}
@@ -52,19 +54,32 @@ drop_stale_cache(Path(__file__).parent / "__pycache__", [Path(__file__), SIGMA_S
                  prefix="network_kernel.")
 
 
-def kernel_activation(activation) -> tuple[int, int] | None:
-    """(code, p) of a registry activation for the compiled σ, σ′; None for a user's σ."""
+# The compiled kernel's arguments, packed (numba takes named tuples of arrays and scalars):
+# the run-axis arrays it reads and writes, where the chunk's examples lie, and the switches.
+RowArrays = namedtuple("RowArrays", ["rows", "lam", "eta", "eta_c", "mask", "y", "a_pre",
+                                     "norms"])
+ChunkView = namedtuple("ChunkView", ["xf", "off", "s0", "s1", "s2", "n"])
+RowFlags = namedtuple("RowFlags", ["code", "p", "scale", "correlation", "train", "has_pre",
+                                   "free"])
+
+
+def kernel_activation(activation) -> tuple[int, int, float] | None:
+    """(code, p, a) of a registry activation σ(a·x) for the compiled σ, σ′; None for a
+    user's σ."""
     theory = getattr(activation, "theory", activation)
-    code = act_code(theory.name)
+    base, scale = theory.base_and_scale
+    code = act_code(base)
     if code is None:
         return None
     if code[0] == HERMITE_CODE:  # hₚ is built on request: the registry's has degree p
-        return code if theory.polynomial_degree == code[1] else None
-    try:
-        registry = get_activation(theory.name)
-    except (KeyError, ValueError):
-        return None
-    return code if registry.fn is theory.fn else None  # not a user's σ under that name
+        ok = theory.polynomial_degree == code[1]
+    else:
+        try:
+            registry = get_activation(theory.name)
+        except (KeyError, ValueError):
+            return None
+        ok = registry.fn is theory.fn  # not a user's σ under a registry name
+    return (code[0], code[1], scale) if ok else None
 
 
 def examples_view(x: torch.Tensor):
@@ -142,14 +157,23 @@ def _fused4(r0, r1, r2, r3, x0, x1, cf, d):
 
 
 # ---------------------------------------------------------------------------- rows
+@njit(cache=True, inline="always")
+def _act(x, fl):
+    """(σ(a·x), a σ′(a·x)) of the flags' activation σ(a·x)."""
+    s, ds = sigma_and_deriv(fl.scale * x, fl.code, fl.p)
+    return s, fl.scale * ds
+
+
 @njit(cache=True, fastmath=_FM)
-def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
-                 has_pre, code, p, correlation, train, norms):
-    """All n steps of run r (see :func:`network_chunk`)."""
+def _network_run(r, ar, cv, fl):
+    """All n steps of run r (see :func:`network_chunk`): arrays ``ar`` (:data:`RowArrays`),
+    examples ``cv`` (:data:`ChunkView`), switches ``fl`` (:data:`RowFlags`)."""
+    rows, lam, xf, y, mask, a_pre = ar.rows, ar.lam, cv.xf, ar.y, ar.mask, ar.a_pre
+    s1, s2, n, has_pre = cv.s1, cv.s2, cv.n, fl.has_pre
     kp, d = rows.shape[1], rows.shape[2]
     b = y.shape[2]
     inv_b = 1.0 / b
-    eta, eta_c = eta_r[r], eta_c_r[r]
+    eta, eta_c = ar.eta[r], ar.eta_c[r]
     a = np.empty((b, kp))
     a_next = np.empty((b, kp))
     sa = np.empty((b, kp))
@@ -160,7 +184,7 @@ def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, 
     coef = np.empty(kp)
     fused = np.empty(kp, dtype=np.int64)
     cf = np.zeros(9, dtype=rows.dtype)  # the one-pass coefficients in the rows' dtype
-    base = off + r * s0
+    base = cv.off + r * cv.s0
     for beta in range(b):  # a of step 0
         o = base + beta * s2
         for j in range(kp):
@@ -179,17 +203,14 @@ def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, 
         for beta in range(b):
             f_hat = 0.0
             for j in range(kp):
-                s, _ = sigma_and_deriv(a[beta, j], code, p)
+                s, ds = _act(a[beta, j], fl)
                 sa[beta, j] = s
+                delta[beta, j] = lam[r, j] * ds
                 f_hat += lam[r, j] * s
             yb = y[r, i, beta]
-            if correlation:
-                outer[beta] = -yb
-            else:
-                outer[beta] = -2.0 * (yb - f_hat)
+            outer[beta] = -yb if fl.correlation else -2.0 * (yb - f_hat)
             for j in range(kp):
-                _, ds = sigma_and_deriv(a[beta, j], code, p)
-                delta[beta, j] = outer[beta] * lam[r, j] * ds
+                delta[beta, j] *= outer[beta]
         health = np.inf  # minⱼ 1/nⱼ; NaN, once seen, sticks (as torch's amin)
         has_next = i + 1 < n
         on = base + (i + 1) * s1
@@ -206,11 +227,16 @@ def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, 
                 g2 += delta[beta, j] * row_g
             ug *= inv_b
             g2 *= inv_b * inv_b
-            inv = 1.0 / math.sqrt(1.0 + ej * ej * (g2 - ug * ug))
+            if fl.free:  # plain SGD ŵⱼ ← ŵⱼ − ηGⱼ; health (1 + η²‖Gⱼ‖²)^{−1/2}
+                inv = 1.0 / math.sqrt(1.0 + ej * ej * g2)
+                alpha[j] = 1.0
+                coef[j] = ej * inv_b
+            else:
+                inv = 1.0 / math.sqrt(1.0 + ej * ej * (g2 - ug * ug))
+                alpha[j] = inv + inv * (ej * ug)  # (1 + η⟨ŵ,G⟩)/n
+                coef[j] = ej * inv * inv_b  # × δ_βj: the coefficient of x_β
             if health == health and (inv < health or inv != inv):
                 health = inv
-            alpha[j] = inv + inv * (ej * ug)  # (1 + η⟨ŵ,G⟩)/n
-            coef[j] = ej * inv * inv_b  # × δ_βj: the coefficient of x_β
             pre_j = has_pre and not mask[r, j]
             if ej != 0.0 and b == 1 and has_next and not pre_j:
                 fused[nf] = j
@@ -261,45 +287,47 @@ def _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, 
                 else:
                     a_next[0, fused[q]] = _fused1(rows[r, fused[q]], x0, x1, cf, 0, d)
                 q += m
-        if train:
+        if fl.train:
             for j in range(kp):
                 gl = 0.0
                 for beta in range(b):
                     gl += outer[beta] * sa[beta, j]
                 lam[r, j] -= eta_c * (gl * inv_b)
-        norms[i, r] = health
+        ar.norms[i, r] = health
         a, a_next = a_next, a
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _network_runs(rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
-                  has_pre, code, p, correlation, train, norms):
+def _network_runs(ar, cv, fl):
     """Every run (``prange``: one compiled path whatever the threads, so a run's numbers
     do not depend on R or on the number of threads)."""
-    for r in prange(rows.shape[0]):
-        _network_run(r, rows, lam, xf, off, s0, s1, s2, n, y, eta_r, eta_c_r, mask, a_pre,
-                     has_pre, code, p, correlation, train, norms)
+    for r in prange(ar.rows.shape[0]):
+        _network_run(r, ar, cv, fl)
 
 
 def network_chunk(rows: torch.Tensor, lam_hat: torch.Tensor, x: torch.Tensor,
                   y: torch.Tensor, eta_r: torch.Tensor, eta_c_r: torch.Tensor,
-                  mask: torch.Tensor, norms: torch.Tensor, *, activation: tuple[int, int],
-                  correlation: bool, train: bool, a_pre: torch.Tensor | None = None) -> None:
-    """n spherical SGD steps of unit rows in place (module docstring; CPU tensors).
+                  mask: torch.Tensor, norms: torch.Tensor, *, activation: tuple,
+                  correlation: bool, train: bool, a_pre: torch.Tensor | None = None,
+                  free: bool = False) -> None:
+    """n SGD steps of rows in place (module docstring; CPU tensors): spherical (unit rows)
+    or plain (``free``).
 
     rows (R, k′, d) and lam_hat (R, k′) contiguous, updated in place; x (R, n, b, d) the
     examples (last axis contiguous), y (R, n, b) their labels; eta_r, eta_c_r (R,) step
     sizes; mask (R, k′) trainable rows; norms (n, R) receives minⱼ 1/nⱼ per step; a_pre
-    (R, n, b, k′) the precomputed aⱼ of the rows the mask freezes (None: computed here).
+    (R, n, b, k′) the precomputed aⱼ of the rows the mask freezes (None: computed here);
+    ``activation`` (code, p, a) from :func:`kernel_activation`.
     """
     xf, off, s0, s1, s2 = examples_view(x)
-    n = x.shape[1]
     has_pre = a_pre is not None
     pre = (a_pre.contiguous() if has_pre else torch.empty((1, 1, 1, 1), dtype=rows.dtype))
-    _network_runs(rows.numpy(), lam_hat.numpy(), xf, off, s0, s1, s2, n,
-                  y.contiguous().numpy(), eta_r.numpy(), eta_c_r.numpy(), mask.numpy(),
-                  pre.numpy(), has_pre, activation[0], activation[1], correlation, train,
-                  norms.numpy())
+    code, p, scale = activation
+    arrays = RowArrays(rows.numpy(), lam_hat.numpy(), eta_r.numpy(), eta_c_r.numpy(),
+                       mask.numpy(), y.contiguous().numpy(), pre.numpy(), norms.numpy())
+    _network_runs(arrays, ChunkView(xf, off, s0, s1, s2, x.shape[1]),
+                  RowFlags(int(code), int(p), float(scale), bool(correlation), bool(train),
+                           has_pre, bool(free)))
 
 
 # ---------------------------------------------------------------------------- full-rank Δ

@@ -46,6 +46,7 @@ class Problem:
     any_u_w : whether some run has u_alpha > 0 (else ⟨u, x⟩ = u_perp x[k]).
     row_scale : None (unit rows) or (R,) the fixed row factor s of the App. B conventions
         (``Instance.row_scale``); ``lam`` then already carries the output factor 1/ξ.
+    committee : whether the teacher is a committee machine (rows of W as they are, ξ = 0).
     """
 
     activation: TorchActivation
@@ -63,6 +64,7 @@ class Problem:
     c_hat0: torch.Tensor
     any_u_w: bool
     row_scale: torch.Tensor | None = None
+    committee: bool = False
 
     @property
     def runs(self) -> int:
@@ -79,8 +81,9 @@ class Problem:
                 if (inst.activation.name, inst.k, inst.d) != (first.activation.name, first.k,
                                                               first.d):
                     raise ValueError("all runs of a batch must share activation, k and d")
-                if inst.convention != first.convention:
-                    raise ValueError("all runs of a batch must share the instance convention")
+                if (inst.convention, inst.teacher) != (first.convention, first.teacher):
+                    raise ValueError("all runs of a batch must share the instance convention "
+                                     "and teacher")
                 distinct[id(inst)] = len(uniq)
                 uniq.append(inst)
         index = np.array([distinct[id(inst)] for inst in instances])
@@ -106,6 +109,7 @@ class Problem:
             c=t(c), xi=t(xi), t_scale=t(1.0 / norms), t_shift=t(xi[:, None] * c / norms),
             c_hat0=t(stack(i.c_hat for i in uniq)), any_u_w=bool(np.any(u_w != 0)),
             row_scale=None if first.unit_rows else t(stack(i.row_scale for i in uniq)),
+            committee=first.committee,
         )
 
     def u_dot(self, x: torch.Tensor) -> torch.Tensor:

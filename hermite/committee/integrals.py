@@ -37,10 +37,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.special as sp
 
 from .._activation import resolve_activation
-from ..activations import Activation, get_activation
+from ..activations import Activation, get_activation, scaled_activation
 from . import _nested as nested
 
 __all__ = ["CommitteeIntegrals", "scaled_erf", "INTEGRAL_METHODS", "QUADRATURE_DEFAULTS"]
@@ -52,33 +51,13 @@ QUADRATURE_DEFAULTS = {"n2": 96, "n4": 16, "q2": 24, "q4": 12}
 
 
 def scaled_erf(scale: float = 1.0 / math.sqrt(2.0)) -> Activation:
-    """g(x) = erf(scale·x) as an :class:`Activation` with its unit-variance kernels.
-
-    ``scaled_erf()`` is Saad & Solla's / nn2pp's erf(x/√2). K(ρ) = (2/π) arcsin(2s²ρ/(1+2s²)),
-    K′(ρ) = (4s²/π)/√((1+2s²)² − 4s⁴ρ²).
-    """
-    c = float(scale)
-    if not math.isfinite(c) or c <= 0.0:
-        raise ValueError(f"erf scale must be a finite number > 0, got {scale!r}")
-    t2 = 2.0 * c * c
-
-    def fn(x):
-        return sp.erf(c * np.asarray(x))
-
-    def deriv(x):
-        x = np.asarray(x)
-        return 2.0 * c / math.sqrt(math.pi) * np.exp(-c * c * x * x)
-
-    def kernel(rho):
-        return (2.0 / np.pi) * np.arcsin(t2 * np.clip(rho, -1, 1) / (1.0 + t2))
-
-    def kprime(rho):
-        r = np.clip(rho, -1, 1)
-        return t2 * (2.0 / np.pi) / np.sqrt((1.0 + t2) ** 2 - t2 * t2 * r * r)
-
-    name = "erf" if c == 1.0 else f"erf(x*{c:.6g})"
-    return Activation(name, fn, deriv, kernel, kprime,
-                      deriv_second_moment=float(kprime(1.0)), extra={"erf_scale": c})
+    """g(x) = erf(scale·x): the registry's ``erf(x*scale)`` (:func:`scaled_activation`, with
+    its closed-form unit-variance kernels). ``scaled_erf()`` is Saad & Solla's / nn2pp's
+    erf(x/√2), registry name ``erf(x/sqrt2)``."""
+    try:
+        return scaled_activation("erf", scale)
+    except ValueError:
+        raise ValueError(f"erf scale must be a finite number > 0, got {scale!r}") from None
 
 
 def _family(act: Activation) -> tuple[str, float]:

@@ -7,7 +7,8 @@ Fields and order parameters (derivation: docs/theory/committee.md). Student
   online SGD ŵ_k ← ŵ_k − (η̄/√N) δ_k x, δ_k = ∂L/∂λ_k (equivalently, with w = ŵ/√N and
   λ = ⟨w, x⟩, the engine's plain SGD w ← w − η ∇_w L at η = η̄/N).
 * ``rows="unit"`` (loradyn's ``scratch`` learners): λ_k = ⟨ŵ_k, x⟩ with ‖ŵ_k‖ = 1, T the
-  teacher rows' Gram (unit diagonal); the engine's spherical step
+  teacher rows' Gram (unit diagonal for a fine-tuned teacher; any for a committee teacher:
+  only the student's rows are normalised); the engine's spherical step
   ŵ_k ← (ŵ_k − η δ_k (x − λ_k ŵ_k))/n_k, n_k² = 1 + η² δ_k² (‖x‖² − λ_k²), with η = η̄/N.
 * second layer (``lr_v``, squared loss only): v_k ← v_k − (η̄_v/N) ∂L/∂v_k.
 
@@ -140,8 +141,6 @@ class CommitteeModel:
             raise ValueError("T must have a positive diagonal (teacher rows of zero norm)")
         if self.rows not in ROWS:
             raise ValueError(f"rows must be one of {', '.join(ROWS)}, got {self.rows!r}")
-        if self.rows == "unit" and not np.allclose(np.diag(T), 1.0, rtol=0, atol=1e-10):
-            raise ValueError("unit rows need a teacher Gram T with unit diagonal")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         for name in ("lr", "loss_scale"):

@@ -275,6 +275,11 @@ COMMITTEE_LEARNERS = ("scratch", "scratch-csq", "sparse")
                    "--train-second-layer).")
 @click.option("--train-second-layer", is_flag=True, help="Also train λ̂ (scratch).")
 @click.option("--eta-c", type=float, default=None, help="Second-layer step size [default: eta].")
+@click.option("--rows", type=click.Choice(("unit", "free")), default="unit",
+              help="Student rows: unit (spherical SGD) or free (the committee machine; "
+                   "scratch, scratch-csq).")
+@click.option("--init-scale", type=float, default=1.0,
+              help="Free rows: initial rows i.i.d. N(0, init_scale²·I/d).")
 @click.option("--label-noise", type=click.FloatRange(min=0), default=0.0)
 @click.option("--batch", type=click.IntRange(min=1), default=1)
 @click.option("--seed", type=int, default=0, help="Seed of run 0's random initial rows.")
@@ -284,11 +289,16 @@ COMMITTEE_LEARNERS = ("scratch", "scratch-csq", "sparse")
 @click.option("--checkpoints", type=click.IntRange(min=2), default=20,
               help="Number of log-spaced checkpoints.")
 @click.option("--first-order", is_flag=True, help="Drop the η² terms.")
+@click.option("--integrals", type=click.Choice(("auto", "closed", "quadrature")),
+              default="auto", help="Gaussian integrals: closed forms where they exist "
+                                   "(auto), closed forms only (an error without them), or "
+                                   "quadrature throughout.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, label_noise,
-                  batch, seed, init_overlap, checkpoints, first_order, as_json):
-    """Committee-machine ODE (hermite.committee, unit rows) of a network learner alone:
-    loss and alignment at log-spaced steps from run 0's initial overlaps."""
+def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, rows,
+                  init_scale, label_noise, batch, seed, init_overlap, checkpoints, first_order,
+                  integrals, as_json):
+    """Committee-machine ODE (hermite.committee) of a network learner alone: loss and
+    alignment at log-spaced steps (and α = steps/d) from run 0's initial overlaps."""
     from dynamics.committee_overlay import committee_model, committee_state, integrate
     from dynamics.config import RunConfig
     from dynamics.instance import build_instance, load_spec
@@ -304,8 +314,13 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, l
     if not inst.unit_rows:
         raise ValueError("the committee ODE needs the unit-row convention")
     options = {}
+    if learner in ("scratch", "scratch-csq"):
+        options = {"rows": rows, "init_scale": init_scale}
+    elif rows != "unit" or init_scale != 1.0:
+        raise ValueError(f"--rows and --init-scale are scratch/scratch-csq options, not "
+                         f"{learner}'s")
     if learner == "scratch":
-        options = {"width": width, "train_second_layer": train_second_layer, "eta_c": eta_c}
+        options |= {"width": width, "train_second_layer": train_second_layer, "eta_c": eta_c}
     elif width is not None or train_second_layer or eta_c is not None:
         raise ValueError(f"--width, --train-second-layer and --eta-c are scratch options, "
                          f"not {learner}'s")
@@ -316,8 +331,8 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, l
     model = committee_model(inst, loss="correlation" if learner == "scratch-csq" else "squared",
                             eta=eta, eta_c=config.step_size_c if trained else None,
                             label_noise=label_noise, batch=batch, trainable=mask,
-                            second_order=not first_order)
-    state = committee_state(cross, gram, lam_hat)
+                            second_order=not first_order, rows=rows, method=integrals)
+    state = committee_state(cross, gram, lam_hat, rows)
     if init_overlap is not None:
         try:
             model.check_state(state)
@@ -326,18 +341,20 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, l
     ck = _checkpoints(steps, checkpoints)
     loss, align, integrator = integrate(model, state, ck, inst.d,
                                         diagonal=learner == "sparse")
-    payload = {"learner": learner, "eta": eta, "lr": eta * inst.d, "d": inst.d,
+    payload = {"learner": learner, "rows": rows, "eta": eta, "lr": eta * inst.d, "d": inst.d,
                "order": 1 if first_order else 2, "integrator": integrator,
                "init": f"the learner's initial rows (run 0, seed {seed})" if init_overlap is None
                else f"R = {init_overlap:g}·I",
-               "steps": ck.tolist(), "loss": _clean(loss), "alignment": _clean(align)}
+               "steps": ck.tolist(), "alpha": (ck / inst.d).tolist(), "loss": _clean(loss),
+               "alignment": _clean(align)}
 
     def human(p):
-        click.echo(f"committee ODE ({p['learner']}, lr = eta·d = {p['lr']:.4g}, order "
-                   f"{p['order']}, {p['integrator']}, {p['init']})")
-        click.echo(f"{'step':>10}  {'loss':>14}  {'alignment':>10}")
-        for t, lo, al in zip(p["steps"], p["loss"], p["alignment"], strict=True):
-            click.echo(f"{t:>10d}  {_fmt(lo, '>14.8g')}  {_fmt(al, '>10.6f')}")
+        click.echo(f"committee ODE ({p['learner']}, {p['rows']} rows, lr = eta·d = "
+                   f"{p['lr']:.4g}, order {p['order']}, {p['integrator']}, {p['init']})")
+        click.echo(f"{'step':>10}  {'alpha':>10}  {'loss':>14}  {'alignment':>10}")
+        for t, a, lo, al in zip(p["steps"], p["alpha"], p["loss"], p["alignment"],
+                                strict=True):
+            click.echo(f"{t:>10d}  {a:>10.4g}  {_fmt(lo, '>14.8g')}  {_fmt(al, '>10.6f')}")
 
     _emit(payload, as_json, human)
 

@@ -25,7 +25,7 @@ from sims.commands.checks import (
 from sims.commands.learner_flags import given_options, learner_flags
 from sims.io.summary import quantity_summaries
 from sims.io.trajectory import write_trajectory
-from sims.plots.quick import instance_title, plot_overlap
+from sims.plots.quick import instance_title, plot_run
 
 __all__ = ["run", "run_config", "summary_json"]
 
@@ -146,7 +146,7 @@ def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, 
         warn(line)
     write_trajectory(out, traj, config, config.run_instances())
     if plot:
-        plot_overlap(traj, plot, instance_title(config))
+        plot_run(traj, plot, instance_title(config))
     if as_json:
         click.echo(json.dumps(summary_json(traj)))
     else:

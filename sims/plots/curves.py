@@ -92,15 +92,40 @@ class Curve:
     source: str = ""
 
 
+NETWORK_LEARNERS = ("scratch", "scratch-csq", "sparse")
+
+
+def learner_variant(config: dict, frozen_c: str = ", frozen ĉ") -> str:
+    """What sets a run apart within its learner: ``projected, frozen ĉ`` (fine-tuning
+    learners) or ``free rows, trained λ̂`` (from-scratch learners; ``sparse``: ``S²FT``)."""
+    learner = config.get("learner", "finetune")
+    if learner == "sparse":
+        return "S²FT"
+    if learner in NETWORK_LEARNERS:
+        return f"{config.get('rows', 'unit')} rows" + (
+            ", trained λ̂" if config.get("train_second_layer") else "")
+    return ("projected" if config.get("project", True) else "unprojected") + (
+        ", joint ĉ" if config.get("joint_c") else frozen_c)
+
+
+def teacher_label(inst: dict) -> str | None:
+    """``committee teacher (W gaussian)`` for a committee teacher, else None."""
+    if inst.get("teacher", "finetune") != "committee":
+        return None
+    w = inst.get("W", "gram" if "gram" in inst else "gaussian")
+    return f"committee teacher (W {w if isinstance(w, str) else 'explicit'})"
+
+
 def curve_attributes(config: dict, axes: dict | None = None, source: str = "") -> dict:
     """Displayable attributes of a run config dict (plus sweep axis values and the file)."""
     inst = config.get("instance", {})
-    variant = ("projected" if config.get("project", True) else "unprojected") + (
-        ", joint ĉ" if config.get("joint_c") else ", frozen ĉ")
+    variant = learner_variant(config)
     w = inst.get("W", "gram" if "gram" in inst else "orthonormal")
+    committee = teacher_label(inst)
     out = {
         "activation": inst.get("activation"), "k": inst.get("k"), "d": inst.get("d"),
-        "xi": float(inst.get("xi", 1.0)), "W": w if isinstance(w, str) else "explicit",
+        "xi": None if committee else float(inst.get("xi", 1.0)),
+        "W": committee or (w if isinstance(w, str) else "explicit"),
         "learner": config.get("learner", "finetune"), "eta": config.get("eta"),
         "variant": variant, "joint_c": bool(config.get("joint_c", False)),
         "project": bool(config.get("project", True)), "u_alpha": inst.get("u_alpha", 0.0),
@@ -156,7 +181,7 @@ def load_curves(paths) -> list[Curve]:
 
 # ---------------------------------------------------------------- formatting
 def _fmt(key: str, value) -> str:
-    if key == "variant":
+    if key == "variant" or (key == "W" and str(value).startswith("committee")):
         return str(value)
     if key in ("joint_c",):
         return "joint ĉ" if value else "frozen ĉ"
