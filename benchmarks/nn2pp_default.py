@@ -1,0 +1,128 @@
+"""nn2pp's default setting in loradyn (issue 17 acceptance): SGD mean and committee ODE.
+
+sgoldt/nn2pp's defaults: g(x) = erf(x/√2) for teacher and student, K = M = 2, lr 0.5,
+second layers A = v = 1 fixed, loss ½(y − ŷ)², fresh x ~ N(0, I_N) each step, weights O(1)
+with λ = w·x/√N, teacher B and student w with i.i.d. N(0, 1) entries (``--init 1``), time
+α = steps/N. The exact mapping onto loradyn (docs/theory/committee.md, "nn2pp in loradyn"):
+
+    instance  activation = "erf(x/sqrt2)", teacher = "committee", k = M, d = N,
+              W = "gaussian" (rows N(0, I/N): nn2pp's B/√N), lam = "ones" (A = 1)
+    learner   scratch --rows free --init-scale 1 (w/√N ~ N(0, I/N)), width K (= M by
+              default; another K needs --train-second-layer: nn2pp's --both)
+    step      eta = lr/(2N)   (our loss (y − ŷ)² has no ½, our weights are w/√N)
+    time      steps = α·N;    nn2pp's eg = our loss / 2
+
+This script runs R independent runs of that setting (counter streams: the fast CPU path),
+records the committee ODE from each run's own initial overlaps beside them (``ode_loss``),
+and prints eg(α) = loss/2 at the requested α: the ODE (mean over runs), the SGD mean ± its
+standard error and the SGD median; with ``--nn2pp-dat`` files (nn2pp's own output at the same
+setting) their mean ± standard error beside. ``--out`` keeps the trajectory (HDF5).
+
+Usage: ``python benchmarks/nn2pp_default.py [--N 2000 --runs 16 --alpha-max 1000]``
+(≈ 10 min on 2 shared cores at the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import time
+
+import numpy as np
+
+from dynamics.config import RunConfig
+from dynamics.engine import simulate
+
+ALPHAS = (1, 10, 50, 100, 200, 300, 500, 700, 1000)
+
+
+def nn2pp_config(N: int, K: int, M: int, lr: float, alpha_max: float, runs: int, seed: int,
+                 teacher: str = "gaussian", checkpoints: int = 60,
+                 streams: str = "counter") -> RunConfig:
+    """The loradyn run of nn2pp's setting (module docstring: the mapping)."""
+    spec = {"activation": "erf(x/sqrt2)", "teacher": "committee", "k": M, "d": N,
+            "W": teacher, "lam": "ones", "seed": seed}
+    opts = {"rows": "free", "init_scale": 1.0}
+    if K != M:
+        opts |= {"width": K, "train_second_layer": True}
+    return RunConfig(spec, learner="scratch", eta=lr / (2 * N), steps=int(alpha_max * N),
+                     runs=runs, seed=seed, checkpoints=checkpoints, spacing="log",
+                     streams=streams, **opts).validate()
+
+
+def eg_at(steps: np.ndarray, values: np.ndarray, alphas, N: int) -> np.ndarray:
+    """(R, len(alphas)) eg = loss/2 at the checkpoints nearest α·N (log scale)."""
+    idx = [int(np.argmin(np.abs(np.log((steps + 1) / (a * N + 1))))) for a in alphas]
+    return values[:, idx] / 2.0
+
+
+def read_nn2pp_dat(paths, alphas) -> np.ndarray:
+    """(files, len(alphas)) nn2pp's eg from its ``.dat`` outputs (first column α, second
+    eg; '#' comments), at the printed α nearest each requested one."""
+    out = []
+    for path in paths:
+        data = np.loadtxt(path, comments="#", ndmin=2)
+        a, eg = data[:, 0], data[:, 1]
+        out.append([eg[int(np.argmin(np.abs(np.log(a / al))))] for al in alphas])
+    return np.asarray(out)
+
+
+def mean_se(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    v = np.asarray(v, float)
+    return v.mean(0), v.std(0, ddof=1) / math.sqrt(v.shape[0]) if v.shape[0] > 1 else \
+        np.full(v.shape[1], np.nan)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--N", type=int, default=2000)
+    ap.add_argument("--K", type=int, default=2)
+    ap.add_argument("--M", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=0.5)
+    ap.add_argument("--alpha-max", type=float, default=1000.0)
+    ap.add_argument("--runs", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--teacher", choices=("gaussian", "orthonormal"), default="gaussian",
+                    help="Teacher rows N(0, I/N) (nn2pp's B ~ N(0,1)) or exactly T = I.")
+    ap.add_argument("--streams", default="counter")
+    ap.add_argument("--nn2pp-dat", nargs="*", default=[],
+                    help="nn2pp output files (.dat) of the same setting, to print beside.")
+    ap.add_argument("--out", default=None, help="Write the trajectory (HDF5) here.")
+    args = ap.parse_args()
+
+    config = nn2pp_config(args.N, args.K, args.M, args.lr, args.alpha_max, args.runs,
+                          args.seed, args.teacher, streams=args.streams)
+    t0 = time.perf_counter()
+    traj = simulate(config)
+    wall = time.perf_counter() - t0
+    if args.out:
+        from sims.io.trajectory import write_trajectory
+
+        write_trajectory(args.out, traj, config, config.run_instances())
+    alphas = [a for a in ALPHAS if a <= args.alpha_max]
+    sgd = eg_at(traj.steps, traj.loss, alphas, args.N)
+    ode = eg_at(traj.steps, traj.extra["ode_loss"], alphas, args.N)
+    s_mean, s_se = mean_se(sgd)
+    s_med = np.median(sgd, axis=0)
+    o_mean = np.nanmean(ode, axis=0)
+    files = sorted(p for pat in args.nn2pp_dat for p in glob.glob(pat))
+    peer = read_nn2pp_dat(files, alphas) if files else None
+    print(f"nn2pp default in loradyn: erf(x/sqrt2), K = {args.K}, M = {args.M}, lr = "
+          f"{args.lr} (eta = lr/(2N) = {config.eta:.4g}), N = {args.N}, teacher "
+          f"{args.teacher}, {args.runs} runs, alpha to {args.alpha_max:g}: {wall:.0f} s "
+          f"({args.runs * config.steps / wall:,.0f} run-steps/s)")
+    head = (f"{'alpha':>7}  {'ODE (mean)':>11}  {'SGD mean ± SE':>22}  {'SGD median':>11}"
+            + (f"  {'nn2pp SGD mean ± SE (' + str(len(files)) + ')':>26}" if files else ""))
+    print(head)
+    for j, a in enumerate(alphas):
+        line = (f"{a:>7g}  {o_mean[j]:>11.5g}  {s_mean[j]:>11.5g} ± {s_se[j]:<8.2g}  "
+                f"{s_med[j]:>11.5g}")
+        if peer is not None:
+            p_mean, p_se = mean_se(peer)
+            line += f"  {p_mean[j]:>14.5g} ± {p_se[j]:<8.2g}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
