@@ -56,8 +56,9 @@ def gradient_second_moment(instance: Instance, m, samples: int = _SAMPLES,
 
 def _theory(instance: Instance):
     """(sign of h(0), grid m (along that sign), |h|, E[g²]) or None without the theory
-    (e.g. the App. B conventions, whose rows are not unit vectors)."""
-    if not instance.unit_rows:
+    (e.g. the App. B conventions, whose rows are not unit vectors, or a committee teacher,
+    which has no overlap m)."""
+    if not instance.unit_rows or instance.committee:
         return None
     try:
 

@@ -107,10 +107,12 @@ def health(traj) -> dict:
             "ode_blowup": {k: list(v) for k, v in blowups(traj).items()}}
 
 
-def health_text(traj, report: dict | None = None) -> str:
-    """'0 left the sphere, 0 went flat' for the summary line (left the sphere = diverged)."""
+def health_text(traj, report: dict | None = None, sphere: bool = True) -> str:
+    """'0 left the sphere, 0 went flat' for the summary line (left the sphere = diverged;
+    ``sphere=False``: '0 diverged', for students that are not a point of a sphere)."""
     report = report or health(traj)
-    return f"{report['left_sphere']} left the sphere, {report['flat']} went flat"
+    gone = "left the sphere" if sphere else "diverged"
+    return f"{report['left_sphere']} {gone}, {report['flat']} went flat"
 
 
 def blowup_lines(report: dict) -> list[str]:

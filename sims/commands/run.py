@@ -11,7 +11,7 @@ import click
 import numpy as np
 
 from dynamics.config import ENGINES, LEARNERS, STREAMS, RunConfig
-from dynamics.defaults import ETA_C, default_eta, default_steps
+from dynamics.defaults import ETA_C, FALLBACK_PER_D, default_eta, default_steps
 from dynamics.engine import simulate
 from dynamics.instance import build_instance, load_spec
 from sims.commands.checks import (
@@ -43,7 +43,9 @@ def run_config(spec_path, *, eta, steps, **options) -> tuple[RunConfig, list[str
             notes.append(f"η = {eta * base.d:.3g}/d = {eta:.3g} (default)")
     if steps is None:
         steps = default_steps(base, eta)
-        notes.append(f"steps = {steps} (default, from the population ODE)")
+        source = ("from the population ODE" if base.unit_rows and not base.committee else
+                  f"{FALLBACK_PER_D}·d: no population ODE of m for this instance")
+        notes.append(f"steps = {steps} (default, {source})")
     config = RunConfig(instance=spec, eta=eta, steps=steps, **options)
     return config.validate(), notes
 
@@ -78,8 +80,11 @@ def summary_json(traj) -> dict:
 def _summary_line(traj, notes) -> str:
     s = traj.summary()
     t05 = s["median_steps_to_0.5"]
-    parts = [f"runs {s['runs']} ({health_text(traj)})",
-             f"median overlap at step {int(traj.steps[-1])}: {s['median_final_overlap']:.4f}",
+    network = "alignment" in traj.extra  # from-scratch learners: alignment and loss
+    what = "alignment" if network else "overlap"
+    parts = [f"runs {s['runs']} ({health_text(traj, sphere=not network)})",
+             f"median {what} at step {int(traj.steps[-1])}: {s['median_final_overlap']:.4f}"
+             + (f", median loss {np.nanmedian(traj.loss[:, -1]):.4g}" if network else ""),
              f"past 0.9: {100 * s['fraction_past_0.9']:.0f}%",
              "median steps to 0.5: " + (f"{t05:.0f}" if math.isfinite(t05) else "not reached")]
     return "; ".join(notes + parts)
