@@ -7,8 +7,8 @@ with λ = w·x/√N, teacher B and student w with i.i.d. N(0, 1) entries (``--in
 
     instance  activation = "erf(x/sqrt2)", teacher = "committee", k = M, d = N,
               W = "gaussian" (rows N(0, I/N): nn2pp's B/√N), lam = "ones" (A = 1)
-    learner   scratch --rows free --init-scale 1 (w/√N ~ N(0, I/N)), width K (= M by
-              default; another K needs --train-second-layer: nn2pp's --both)
+    learner   scratch --rows free --init-scale 1 (w/√N ~ N(0, I/N)), --width K (v = 1
+              fixed; nn2pp's --both, a trained v: --train-second-layer)
     step      eta = lr/(2N)   (our loss (y − ŷ)² has no ½, our weights are w/√N)
     time      steps = α·N;    nn2pp's eg = our loss / 2
 
@@ -45,7 +45,7 @@ def nn2pp_config(N: int, K: int, M: int, lr: float, alpha_max: float, runs: int,
             "W": teacher, "lam": "ones", "seed": seed}
     opts = {"rows": "free", "init_scale": 1.0}
     if K != M:
-        opts |= {"width": K, "train_second_layer": True}
+        opts |= {"width": K}
     return RunConfig(spec, learner="scratch", eta=lr / (2 * N), steps=int(alpha_max * N),
                      runs=runs, seed=seed, checkpoints=checkpoints, spacing="log",
                      streams=streams, **opts).validate()

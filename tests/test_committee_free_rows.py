@@ -257,6 +257,24 @@ def test_free_row_fast_path_equals_plain_path(case):
     assert np.abs(tp.loss[:, -1] - tp.loss[:, 0]).max() > 1e-3  # the runs moved
 
 
+def test_width_differs_from_teacher_with_equal_lambda_and_a_fixed_second_layer():
+    """K = 3 students of an M = 2 teacher with A = 1 (nn2pp's K ≠ M with v = 1): λ̂ = 1,
+    fixed; the ODE starts at the run's loss and follows it at d = 400."""
+    cfg = _config(spec=committee_spec(d=400, k=2, activation=NN2PP_ERF, lam="ones"),
+                  width=3, eta=0.5 / 400, steps=2400, runs=16, checkpoints=4,
+                  spacing="linear")
+    inst, _, lrn, state = _learner_state(cfg)
+    assert torch.equal(state.lam_hat, torch.ones(16, 3, dtype=F64))
+    traj = simulate(cfg)
+    np.testing.assert_allclose(traj.extra["ode_loss"][:, 0], traj.loss[:, 0], rtol=1e-12)
+    diff = (traj.loss - traj.extra["ode_loss"])[:, 1:]
+    z = diff.mean(0) / (diff.std(0, ddof=1) / 4.0)
+    assert np.all(np.abs(z) < 4.0), z
+    assert "lam_hat" not in traj.extra  # λ̂ is not trained: nothing recorded
+    with pytest.raises(ConfigError, match="equal λ"):
+        _config(spec=committee_spec(d=40, k=2, lam="random_sign"), width=3)
+
+
 # ---------------------------------------------------------------- exact loss
 @pytest.mark.parametrize("activation", ["erf(x/sqrt2)", "relu", "tanh", "he3"])
 def test_free_row_population_loss_matches_monte_carlo(activation):

@@ -19,8 +19,9 @@ Only trainable rows move (per-run row mask); the second layer, when trained, fol
 SGD λ̂ ← λ̂ − η_c mean_b ∂L/∂λ̂ (same pre-step state as the rows). Cost O(b·k′·d) per step
 and run.
 
-- ``scratch``: rows start i.i.d. uniform on S^{d−1}; λ̂ fixed to the teacher's λ (k′ = k), or
-  trained (``train_second_layer``; λ̂₀ = λ if k′ = k, else λ̂ⱼ ~ N(0, 1/k′)).
+- ``scratch``: rows start i.i.d. uniform on S^{d−1}; λ̂ fixed to the teacher's λ (k′ = k;
+  any k′ when the λᵢ are equal: λ̂ = λ₁·1, e.g. Saad & Solla's A = v = 1), or trained
+  (``train_second_layer``; λ̂₀ = λ if k′ = k, else λ̂ⱼ ~ N(0, 1/k′)).
 - ``scratch-csq``: the same student under the correlation loss, λ̂ = λ fixed.
 - ``sparse`` (S²FT, seed 002): rows start at W's rows, λ̂ = λ fixed, only s rows trainable.
 
@@ -73,7 +74,8 @@ class ScratchOptions(Options):
     """Options of ``scratch``."""
 
     width: int | None = option(None, "Student width k′ [default: k; another width needs "
-                                     "--train-second-layer].", check="positive")
+                                     "--train-second-layer, or a teacher of equal λᵢ (then "
+                                     "λ̂ = λ₁·1)].", check="positive")
     train_second_layer: bool = option(False, "Also train the second layer λ̂ (plain SGD, "
                                              "step size eta_c).")
     eta_c: float | None = eta_c_option()
@@ -205,9 +207,11 @@ class NetworkLearner(Learner):
     @classmethod
     def check(cls, config, instance) -> None:
         width = instance.k if config.width is None else config.width
-        if not config.train_second_layer and width != instance.k:
+        lam = np.asarray(instance.lam, float)
+        if not config.train_second_layer and width != instance.k and np.ptp(lam) != 0:
             raise ConfigError("width", f"{cls.name} with a fixed second layer (λ̂ = λ) needs "
-                                       f"width = k = {instance.k}, got {width}")
+                                       f"width = k = {instance.k} or a teacher of equal λᵢ "
+                                       f"(then λ̂ = λ₁·1), got {width}")
         if config.rows != "free" and config.init_scale != 1.0:
             raise ConfigError("init_scale", "sets the scale of free rows (--rows free); unit "
                                             "rows start uniform on the sphere")
@@ -428,6 +432,8 @@ class _FromScratch(NetworkLearner):
                 rows[r] = g / np.linalg.norm(g, axis=1, keepdims=True)
             if width == inst.k:
                 lam_hat[r] = inst.lam
+            elif not self.train_second_layer:  # equal λᵢ (checked): λ̂ = λ₁·1, any width
+                lam_hat[r] = inst.lam[0]
             else:
                 lam_hat[r] = rng.standard_normal(width) / math.sqrt(width)
         return rows, lam_hat
