@@ -16,7 +16,7 @@ from dynamics.activations import get_activation, torch_activation
 from dynamics.config import ConfigError, RunConfig
 from dynamics.engine import FullRun, simulate
 from dynamics.instance import SpecError, build_instance
-from dynamics.learners import Problem, get_learner
+from dynamics.learners import Problem
 from dynamics.learners.network_kernel import kernel_activation
 from dynamics.network_loss import network_loss_from_grams, network_loss_from_overlaps
 from hermite.committee import CommitteeModel, CommitteeState, committee_ode, scaled_erf
@@ -39,11 +39,9 @@ def _config(learner="scratch", spec=None, **kw):
 
 
 def _learner_state(config):
-    inst = config.run_instances()
-    problem = Problem.from_instances(inst, torch.device("cpu"), F64)
-    learner = get_learner(config.learner).from_config(config, problem)
-    state, _ = learner.initial_state(config, inst)
-    return inst, problem, learner, state
+    """(instances, problem, learner, initial state) as the engine builds them (CPU, float64)."""
+    run = FullRun(config)
+    return run.instances, run.problem, run.learner, run.state
 
 
 def _close(ours, ref, rtol=1e-10):
