@@ -12,7 +12,8 @@ with λ = w·x/√N, teacher B and student w with i.i.d. N(0, 1) entries (``--in
     step      eta = lr/(2N)   (our loss (y − ŷ)² has no ½, our weights are w/√N)
     time      steps = α·N;    nn2pp's eg = our loss / 2
 
-This script runs R independent runs of that setting (counter streams: the fast CPU path),
+This script runs R independent runs of that setting, each with its own teacher as nn2pp
+draws one per process (``instance_seeds = "per_run"``; counter streams: the fast CPU path),
 records the committee ODE from each run's own initial overlaps beside them (``ode_loss``),
 and prints eg(α) = loss/2 at the requested α: the ODE (mean over runs), the SGD mean ± its
 standard error and the SGD median; with ``--nn2pp-dat`` files (nn2pp's own output at the same
@@ -48,7 +49,7 @@ def nn2pp_config(N: int, K: int, M: int, lr: float, alpha_max: float, runs: int,
         opts |= {"width": K}
     return RunConfig(spec, learner="scratch", eta=lr / (2 * N), steps=int(alpha_max * N),
                      runs=runs, seed=seed, checkpoints=checkpoints, spacing="log",
-                     streams=streams, **opts).validate()
+                     streams=streams, instance_seeds="per_run", **opts).validate()
 
 
 def eg_at(steps: np.ndarray, values: np.ndarray, alphas, N: int) -> np.ndarray:
@@ -58,11 +59,13 @@ def eg_at(steps: np.ndarray, values: np.ndarray, alphas, N: int) -> np.ndarray:
 
 
 def read_nn2pp_dat(paths, alphas) -> np.ndarray:
-    """(files, len(alphas)) nn2pp's eg from its ``.dat`` outputs (first column α, second
-    eg; '#' comments), at the printed α nearest each requested one."""
+    """(files, len(alphas)) nn2pp's eg from its ``.dat`` outputs (comma-separated, first
+    column α = steps/N, second eg; '#' comments), at the printed α nearest each requested
+    one."""
     out = []
     for path in paths:
-        data = np.loadtxt(path, comments="#", ndmin=2)
+        data = np.loadtxt(path, comments="#", delimiter=",", ndmin=2)
+        data = data[data[:, 0] > 0]
         a, eg = data[:, 0], data[:, 1]
         out.append([eg[int(np.argmin(np.abs(np.log(a / al))))] for al in alphas])
     return np.asarray(out)

@@ -273,6 +273,18 @@ def test_width_differs_from_teacher_with_equal_lambda_and_a_fixed_second_layer()
         _config(spec=committee_spec(d=40, k=2, lam="random_sign"), width=3)
 
 
+def test_per_run_committee_teachers_each_get_their_ode():
+    """instance_seeds = per_run: every run its own N(0, I/d) teacher (as nn2pp draws one per
+    process); the ODE of each starts at that run's loss with that run's T."""
+    cfg = _config(spec=committee_spec(d=60, k=2, activation=NN2PP_ERF, lam="ones"),
+                  eta=0.5 / 60, steps=300, runs=3, instance_seeds="per_run", checkpoints=4)
+    grams = [i.teacher_gram() for i in cfg.run_instances()]
+    assert not np.allclose(grams[0], grams[1])
+    traj = simulate(cfg)
+    assert traj.extra_attrs["ode_loss"]["distinct_odes"] == 3
+    np.testing.assert_allclose(traj.extra["ode_loss"][:, 0], traj.loss[:, 0], rtol=1e-12)
+
+
 # ---------------------------------------------------------------- exact loss
 @pytest.mark.parametrize("activation", ["erf(x/sqrt2)", "relu", "tanh", "he3"])
 def test_free_row_population_loss_matches_monte_carlo(activation):
