@@ -15,7 +15,8 @@ with λ = w·x/√N, teacher B and student w with i.i.d. N(0, 1) entries (``--in
 This script runs R independent runs of that setting, each with its own teacher as nn2pp
 draws one per process (``instance_seeds = "per_run"``; counter streams: the fast CPU path),
 records the committee ODE from each run's own initial overlaps beside them (``ode_loss``),
-and prints eg(α) = loss/2 at the requested α: the ODE (mean over runs), the SGD mean ± its
+and prints eg(α) = loss/2 at the requested α (240 log-spaced checkpoints, interpolated in
+log α; nn2pp's 200 printed rows likewise): the ODE (mean over runs), the SGD mean ± its
 standard error and the SGD median; with ``--nn2pp-dat`` files (nn2pp's own output at the same
 setting) their mean ± standard error beside. ``--out`` keeps the trajectory (HDF5).
 
@@ -39,7 +40,7 @@ ALPHAS = (1, 10, 50, 100, 200, 300, 500, 700, 1000)
 
 
 def nn2pp_config(N: int, K: int, M: int, lr: float, alpha_max: float, runs: int, seed: int,
-                 teacher: str = "gaussian", checkpoints: int = 60,
+                 teacher: str = "gaussian", checkpoints: int = 240,
                  streams: str = "counter") -> RunConfig:
     """The loradyn run of nn2pp's setting (module docstring: the mapping)."""
     spec = {"activation": "erf(x/sqrt2)", "teacher": "committee", "k": M, "d": N,
@@ -52,23 +53,23 @@ def nn2pp_config(N: int, K: int, M: int, lr: float, alpha_max: float, runs: int,
                      streams=streams, instance_seeds="per_run", **opts).validate()
 
 
-def eg_at(steps: np.ndarray, values: np.ndarray, alphas, N: int) -> np.ndarray:
-    """(R, len(alphas)) eg = loss/2 at the checkpoints nearest α·N (log scale)."""
-    idx = [int(np.argmin(np.abs(np.log((steps + 1) / (a * N + 1))))) for a in alphas]
-    return values[:, idx] / 2.0
+def at_alpha(alpha: np.ndarray, values: np.ndarray, alphas) -> np.ndarray:
+    """(R, len(alphas)) ``values`` (R, C) at exactly the requested α, interpolated linearly in
+    log α between the recorded ones (both tools record on log grids, neither at round α: a
+    few % in α is a few % in eg where it falls fast)."""
+    ok = alpha > 0
+    la = np.log(alpha[ok])
+    return np.array([np.interp(np.log(alphas), la, v[ok]) for v in np.atleast_2d(values)])
 
 
-def read_nn2pp_dat(paths, alphas) -> np.ndarray:
-    """(files, len(alphas)) nn2pp's eg from its ``.dat`` outputs (comma-separated, first
-    column α = steps/N, second eg; '#' comments), at the printed α nearest each requested
-    one."""
+def read_nn2pp_dat(paths) -> list[tuple[np.ndarray, np.ndarray]]:
+    """[(α, eg)] of nn2pp's ``.dat`` outputs (comma-separated, first column α = steps/N,
+    second eg; '#' comments)."""
     out = []
     for path in paths:
         data = np.loadtxt(path, comments="#", delimiter=",", ndmin=2)
-        data = data[data[:, 0] > 0]
-        a, eg = data[:, 0], data[:, 1]
-        out.append([eg[int(np.argmin(np.abs(np.log(a / al))))] for al in alphas])
-    return np.asarray(out)
+        out.append((data[:, 0], data[:, 1]))
+    return out
 
 
 def mean_se(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,13 +105,15 @@ def main() -> None:
 
         write_trajectory(args.out, traj, config, config.run_instances())
     alphas = [a for a in ALPHAS if a <= args.alpha_max]
-    sgd = eg_at(traj.steps, traj.loss, alphas, args.N)
-    ode = eg_at(traj.steps, traj.extra["ode_loss"], alphas, args.N)
+    alpha = traj.steps / args.N
+    sgd = at_alpha(alpha, traj.loss / 2, alphas)
+    ode = at_alpha(alpha, traj.extra["ode_loss"] / 2, alphas)
     s_mean, s_se = mean_se(sgd)
     s_med = np.median(sgd, axis=0)
     o_mean = np.nanmean(ode, axis=0)
     files = sorted(p for pat in args.nn2pp_dat for p in glob.glob(pat))
-    peer = read_nn2pp_dat(files, alphas) if files else None
+    peer = np.concatenate([at_alpha(a, eg, alphas) for a, eg in read_nn2pp_dat(files)]) \
+        if files else None
     print(f"nn2pp default in loradyn: erf(x/sqrt2), K = {args.K}, M = {args.M}, lr = "
           f"{args.lr} (eta = lr/(2N) = {config.eta:.4g}), N = {args.N}, teacher "
           f"{args.teacher}, {args.runs} runs, alpha to {args.alpha_max:g}: {wall:.0f} s "
