@@ -23,7 +23,8 @@ import hermite
 from .instance import Instance
 from .learners import Finetune, Problem
 
-__all__ = ["ETA_C", "choose_c", "default_eta", "default_steps", "gradient_second_moment"]
+__all__ = ["ETA_C", "choose_c", "has_population_ode", "default_eta", "default_steps",
+           "gradient_second_moment"]
 
 ETA_C = 0.05  # upper bound on c = ηd
 TARGET = 0.9  # fraction of u_perp the defaults aim past
@@ -54,11 +55,17 @@ def gradient_second_moment(instance: Instance, m, samples: int = _SAMPLES,
     return (terms.g**2).mean(-1).numpy()
 
 
+def has_population_ode(instance: Instance) -> bool:
+    """Whether the instance has an overlap m and its population ODE: unit rows and a
+    fine-tuned teacher (not the App. B conventions, not a committee teacher)."""
+    return instance.unit_rows and not instance.committee
+
+
 def _theory(instance: Instance):
     """(sign of h(0), grid m (along that sign), |h|, E[g²]) or None without the theory
     (e.g. the App. B conventions, whose rows are not unit vectors, or a committee teacher,
     which has no overlap m)."""
-    if not instance.unit_rows or instance.committee:
+    if not has_population_ode(instance):
         return None
     try:
 

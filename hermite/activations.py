@@ -374,7 +374,6 @@ def _scaled(base: str, text: str, a: float) -> Activation:
             return t2 * (2.0 / np.pi) / np.sqrt((1.0 + t2) ** 2 - t2 * t2 * r * r)
 
         dsm = float(kprime(1.0))
-        extra["erf_scale"] = a
     elif act.name in _HOMOGENEOUS:
         g = a ** _HOMOGENEOUS[act.name]
         k0, kp0, c0 = act.kernel, act.kprime, act.coefficients

@@ -150,7 +150,7 @@ def exact_loss(instances, cross: np.ndarray, gram: np.ndarray,
     for r, inst in enumerate(instances):
         ok = (np.isfinite(cross[r]).all((-1, -2)) & np.isfinite(gram[r]).all((-1, -2))
               & np.isfinite(lam_hat[r]).all(-1))
-        if unit and not inst.committee:
+        if unit:
             out[r, ok] = network_loss_from_grams(inst.activation, inst.lam,
                                                  inst.teacher_gram(), lam_hat[r, ok],
                                                  gram[r, ok], cross[r, ok])
@@ -193,7 +193,7 @@ class NetworkLearner(Learner):
                  init_scale: float = 1.0):
         self.problem, self.k, self.width = problem, problem.k, width
         self.train_second_layer, self.batch = train_second_layer, batch
-        self.free, self.init_scale = rows == "free", float(init_scale)
+        self.rows, self.init_scale = rows, float(init_scale)
         self.noise_sd = math.sqrt(label_noise)
         ones = torch.ones_like(problem.xi)
         self.eta_r, self.eta_c_r = eta * ones, eta_c * ones
@@ -315,6 +315,11 @@ class NetworkLearner(Learner):
         state.step += 1
         return inv.amin(-1)
 
+    @property
+    def free(self) -> bool:
+        """Whether the rows are free (plain SGD) rather than unit (spherical SGD)."""
+        return self.rows == "free"
+
     fast = True  # step_chunk_ through the compiled kernel where it applies (tests: False)
 
     def step_chunk_(self, state: NetworkState, x: torch.Tensor, pre: Prepared,
@@ -408,7 +413,7 @@ class NetworkLearner(Learner):
             result.config, result.instances, result.steps, rec["cross"][:, 0],
             rec["gram"][:, 0], rec["lam_hat"][:, 0], self.mask.cpu().numpy(),
             loss=self.loss_name, diagonal=self.diagonal_alignment,
-            train_second_layer=self.train_second_layer, rows="free" if self.free else "unit")
+            train_second_layer=self.train_second_layer, rows=self.rows)
         extra.update(ode)
         return make_trajectory(result, align, loss, loss_kind=LOSS_EXACT, extra=extra,
                                extra_attrs=attrs)

@@ -61,8 +61,9 @@ def scaled_erf(scale: float = 1.0 / math.sqrt(2.0)) -> Activation:
 
 
 def _family(act: Activation) -> tuple[str, float]:
-    if "erf_scale" in act.extra:
-        return "erf", float(act.extra["erf_scale"])
+    base, scale = act.base_and_scale
+    if base == "erf":
+        return "erf", scale
     for name in ("erf", "linear", "relu", "abs"):
         if act == get_activation(name):
             return name, 1.0

@@ -11,7 +11,13 @@ import click
 import numpy as np
 
 from dynamics.config import ENGINES, LEARNERS, STREAMS, RunConfig
-from dynamics.defaults import ETA_C, FALLBACK_PER_D, default_eta, default_steps
+from dynamics.defaults import (
+    ETA_C,
+    FALLBACK_PER_D,
+    default_eta,
+    default_steps,
+    has_population_ode,
+)
 from dynamics.engine import simulate
 from dynamics.instance import build_instance, load_spec
 from sims.commands.checks import (
@@ -43,7 +49,7 @@ def run_config(spec_path, *, eta, steps, **options) -> tuple[RunConfig, list[str
             notes.append(f"η = {eta * base.d:.3g}/d = {eta:.3g} (default)")
     if steps is None:
         steps = default_steps(base, eta)
-        source = ("from the population ODE" if base.unit_rows and not base.committee else
+        source = ("from the population ODE" if has_population_ode(base) else
                   f"{FALLBACK_PER_D}·d: no population ODE of m for this instance")
         notes.append(f"steps = {steps} (default, {source})")
     config = RunConfig(instance=spec, eta=eta, steps=steps, **options)
