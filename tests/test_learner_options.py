@@ -33,6 +33,8 @@ def _other_value(spec):
         return next(c for c in spec.choices if c != spec.default)
     if spec.kind is int:
         return 2 if spec.default in (None, 1) else spec.default + 1
+    if spec.kind is str:
+        return "rows.npy"
     return 0.5
 
 
@@ -45,7 +47,7 @@ def test_every_learner_declares_its_options():
                                 "refit_samples")
     assert set(_own("lora")) >= {"rank", "retraction", "joint_c"}
     assert _own("glm") == ("init",) and _own("moment") == ("moment_order",)
-    assert _own("scratch-csq") == ("rows", "init_scale")
+    assert _own("scratch-csq") == ("rows", "init_scale", "init_rows", "init_frame")
     assert _own("sparse") == ("sparse_rows", "sparse_select")
     assert {n for lrn in LEARNERS for n in _own(lrn)} == set(all_options())
     for spec in all_options().values():

@@ -47,6 +47,14 @@ from ..losses import LOSS_EXACT
 from ..network_loss import network_loss_from_grams, network_loss_from_overlaps
 from ..sampling import run_seed
 from .base import Learner, RunResult, TensorState, make_trajectory
+from .given_rows import (
+    INIT_FRAMES,
+    canonical_rows,
+    check_given_rows,
+    given_rows,
+    given_rows_attrs,
+    resolve_frame,
+)
 from .options import Options, eta_c_option, option
 from .problem import Problem, rowmat
 
@@ -69,6 +77,17 @@ def _init_scale_option():
                        "init_scale).", check="positive")
 
 
+def _init_rows_option():
+    return option(None, "Initial rows from a file (.npy or text): a k′×d array for every "
+                        "run or R×k′×d, one per run [default: random rows].")
+
+
+def _init_frame_option():
+    return option("auto", "Coordinates of --init-rows: those of the spec's explicit W "
+                          "(original; committee teacher), the canonical frame, or auto "
+                          "(original when W is explicit).", choices=INIT_FRAMES)
+
+
 @dataclass(frozen=True)
 class ScratchOptions(Options):
     """Options of ``scratch``."""
@@ -81,6 +100,8 @@ class ScratchOptions(Options):
     eta_c: float | None = eta_c_option()
     rows: str = _rows_option()
     init_scale: float = _init_scale_option()
+    init_rows: str | None = _init_rows_option()
+    init_frame: str = _init_frame_option()
 
 
 @dataclass(frozen=True)
@@ -89,6 +110,8 @@ class ScratchCSQOptions(Options):
 
     rows: str = _rows_option()
     init_scale: float = _init_scale_option()
+    init_rows: str | None = _init_rows_option()
+    init_frame: str = _init_frame_option()
 
 
 @dataclass(frozen=True)
@@ -115,6 +138,15 @@ class Prepared:
     """State-independent terms of a chunk of examples x (R, n, b, d)."""
 
     y: torch.Tensor  # (R, n, b) labels f*(x) (+ label noise)
+
+
+def student_width(config, k: int) -> int:
+    """k′: option ``width``, else the number of rows in ``init_rows``, else k."""
+    if config.width is not None:
+        return int(config.width)
+    if config.init_rows is not None:
+        return given_rows(config.init_rows).width
+    return k
 
 
 def sparse_rows(config, k: int, d: int) -> int:
@@ -206,7 +238,9 @@ class NetworkLearner(Learner):
     # ------------------------------------------------------------------ construction
     @classmethod
     def check(cls, config, instance) -> None:
-        width = instance.k if config.width is None else config.width
+        if config.init_rows is not None:
+            cls._check_given(config, instance)
+        width = student_width(config, instance.k)
         lam = np.asarray(instance.lam, float)
         if not config.train_second_layer and width != instance.k and np.ptp(lam) != 0:
             raise ConfigError("width", f"{cls.name} with a fixed second layer (λ̂ = λ) needs "
@@ -217,9 +251,26 @@ class NetworkLearner(Learner):
                                             "rows start uniform on the sphere")
 
     @classmethod
+    def _check_given(cls, config, instance) -> None:
+        """``init_rows``: readable, its frame available, its shape and width consistent."""
+        rows = given_rows(config.init_rows)
+        resolve_frame(config.init_frame, instance)
+        check_given_rows(rows, instance, config.runs, unit=config.rows != "free")
+        if config.init_scale != 1.0:
+            raise ConfigError("init_scale", "sets the scale of random free rows; rows given "
+                                            "by --init-rows are used as they are")
+        if config.width is not None and config.width != rows.width:
+            raise ConfigError("width", f"is {config.width} but --init-rows gives "
+                                       f"{rows.width} rows")
+        if cls.loss_name == CORRELATION and rows.width != instance.k:
+            raise ConfigError("init_rows", f"{config.init_rows}: {cls.name} keeps λ̂ = λ, so "
+                                           f"it needs k′ = k = {instance.k} rows, got "
+                                           f"{rows.width}")
+
+    @classmethod
     def init_kwargs(cls, config, problem: Problem) -> dict:
         """Keyword arguments of ``__init__`` from the config (subclasses add the mask)."""
-        return dict(width=problem.k if config.width is None else config.width,
+        return dict(width=student_width(config, problem.k),
                     eta=config.eta, eta_c=config.step_size_c,
                     train_second_layer=config.train_second_layer, batch=config.batch,
                     label_noise=config.label_noise, rows=config.rows,
@@ -415,6 +466,8 @@ class NetworkLearner(Learner):
             loss=self.loss_name, diagonal=self.diagonal_alignment,
             train_second_layer=self.train_second_layer, rows=self.rows)
         extra.update(ode)
+        if result.config.init_rows is not None:
+            attrs.setdefault("alignment", {}).update(given_rows_attrs(result.config))
         return make_trajectory(result, align, loss, loss_kind=LOSS_EXACT, extra=extra,
                                extra_attrs=attrs)
 
@@ -428,13 +481,21 @@ class _FromScratch(NetworkLearner):
         d, width = instances[0].d, self.width
         rows = np.empty((len(instances), width, d))
         lam_hat = np.empty((len(instances), width))
+        given = None if config.init_rows is None else given_rows(config.init_rows)
+        if given is not None:
+            frame = resolve_frame(config.init_frame, instances[0])
+            w = config.instance["W"] if frame == "original" else None
+            shared = None if given.per_run else canonical_rows(given.array, w)
         for r, inst in enumerate(instances):
             rng = np.random.default_rng(run_seed(config.seed, r, "init"))
-            g = rng.standard_normal((width, d))
-            if self.free:
-                rows[r] = g * (self.init_scale / math.sqrt(d))
+            if given is not None:
+                rows[r] = shared if shared is not None else canonical_rows(given.for_run(r), w)
+            elif self.free:
+                rows[r] = rng.standard_normal((width, d)) * (self.init_scale / math.sqrt(d))
             else:
-                rows[r] = g / np.linalg.norm(g, axis=1, keepdims=True)
+                rows[r] = rng.standard_normal((width, d))
+            if not self.free:
+                rows[r] /= np.linalg.norm(rows[r], axis=1, keepdims=True)
             if width == inst.k:
                 lam_hat[r] = inst.lam
             elif not self.train_second_layer:  # equal λᵢ (checked): λ̂ = λ₁·1, any width

@@ -13,6 +13,8 @@ import sys
 import click
 import numpy as np
 
+from dynamics.learners.given_rows import INIT_FRAMES, given_rows
+
 __all__ = ["hermite"]
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
@@ -286,6 +288,12 @@ COMMITTEE_LEARNERS = ("scratch", "scratch-csq", "sparse")
 @click.option("--init-overlap", type=float, default=None,
               help="Start from orthonormal student rows with R = m·I (m = this value) "
                    "instead of the learner's random rows.")
+@click.option("--init-rows", type=click.Path(dir_okay=False), default=None,
+              help="Start from the rows in this file (.npy or text; k'×d, or R×k'×d: run "
+                   "0's), as `loradyn run --init-rows` (scratch, scratch-csq).")
+@click.option("--init-frame", type=click.Choice(INIT_FRAMES), default="auto",
+              help="Coordinates of --init-rows: the explicit W's (original), canonical, or "
+                   "auto.")
 @click.option("--checkpoints", type=click.IntRange(min=2), default=20,
               help="Number of log-spaced checkpoints.")
 @click.option("--first-order", is_flag=True, help="Drop the η² terms.")
@@ -295,8 +303,8 @@ COMMITTEE_LEARNERS = ("scratch", "scratch-csq", "sparse")
                                    "quadrature throughout.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, rows,
-                  init_scale, label_noise, batch, seed, init_overlap, checkpoints, first_order,
-                  integrals, as_json):
+                  init_scale, label_noise, batch, seed, init_overlap, init_rows, init_frame,
+                  checkpoints, first_order, integrals, as_json):
     """Committee-machine ODE (hermite.committee) of a network learner alone: loss and
     alignment at log-spaced steps (and α = steps/d) from run 0's initial overlaps."""
     from dynamics.committee_overlay import committee_model, committee_state, integrate
@@ -313,18 +321,24 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
         raise ValueError(f"instance spec {spec}: key 'd' is required (lr = eta·d)")
     if not inst.unit_rows:
         raise ValueError("the committee ODE needs the unit-row convention")
-    options = {}
+    options, runs = {}, 1
     if learner in ("scratch", "scratch-csq"):
-        options = {"rows": rows, "init_scale": init_scale}
-    elif rows != "unit" or init_scale != 1.0:
-        raise ValueError(f"--rows and --init-scale are scratch/scratch-csq options, not "
-                         f"{learner}'s")
+        options = {"rows": rows, "init_scale": init_scale, "init_rows": init_rows,
+                   "init_frame": init_frame}
+    elif rows != "unit" or init_scale != 1.0 or init_rows is not None:
+        raise ValueError(f"--rows, --init-scale and --init-rows are scratch/scratch-csq "
+                         f"options, not {learner}'s")
+    if init_rows is not None:
+        if init_overlap is not None:
+            raise ValueError("--init-rows and --init-overlap both set the start: give one")
+        given = given_rows(init_rows)  # ConfigError naming the file's problem
+        runs = given.array.shape[0] if given.per_run else 1
     if learner == "scratch":
         options |= {"width": width, "train_second_layer": train_second_layer, "eta_c": eta_c}
     elif width is not None or train_second_layer or eta_c is not None:
         raise ValueError(f"--width, --train-second-layer and --eta-c are scratch options, "
                          f"not {learner}'s")
-    config = RunConfig(spec_dict, learner=learner, eta=eta, steps=steps, runs=1, seed=seed,
+    config = RunConfig(spec_dict, learner=learner, eta=eta, steps=steps, runs=runs, seed=seed,
                        batch=batch, label_noise=label_noise, **options).validate()
     cross, gram, lam_hat, mask = _committee_start(config, init_overlap)
     trained = learner == "scratch" and train_second_layer
@@ -343,8 +357,7 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
                                         diagonal=learner == "sparse")
     payload = {"learner": learner, "rows": rows, "eta": eta, "lr": eta * inst.d, "d": inst.d,
                "order": 1 if first_order else 2, "integrator": integrator,
-               "init": f"the learner's initial rows (run 0, seed {seed})" if init_overlap is None
-               else f"R = {init_overlap:g}·I",
+               "init": _start_label(init_overlap, init_rows, seed),
                "steps": ck.tolist(), "alpha": (ck / inst.d).tolist(), "loss": _clean(loss),
                "alignment": _clean(align)}
 
@@ -357,6 +370,14 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
             click.echo(f"{t:>10d}  {a:>10.4g}  {_fmt(lo, '>14.8g')}  {_fmt(al, '>10.6f')}")
 
     _emit(payload, as_json, human)
+
+
+def _start_label(init_overlap, init_rows, seed) -> str:
+    if init_rows is not None:
+        return f"the rows of {init_rows} (run 0)"
+    if init_overlap is not None:
+        return f"R = {init_overlap:g}·I"
+    return f"the learner's initial rows (run 0, seed {seed})"
 
 
 def _committee_start(config, init_overlap):

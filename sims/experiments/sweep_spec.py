@@ -21,6 +21,7 @@ import tomllib
 
 from dynamics.config import RunConfig
 from dynamics.instance import SPEC_KEYS, load_spec
+from dynamics.learners.given_rows import given_rows
 from dynamics.learners.options import all_options
 
 __all__ = [
@@ -210,10 +211,13 @@ def _defaults() -> dict:
 def cell_hash(config: RunConfig, first_passage=(), absolute=True, trajectory=True) -> str:
     """sha256 of the resolved cell: format version, the config's fields and learner options
     that differ from their defaults (so a loradyn that adds a field or an option keeps
-    finished cells), the first-passage levels, and ``trajectory`` when False."""
+    finished cells), the sha256 of an ``init_rows`` file, the first-passage levels, and
+    ``trajectory`` when False."""
     defaults = _defaults()
     data = {k: v for k, v in config.to_dict().items()
             if k not in defaults or v != defaults[k]}
+    if config.init_rows is not None:  # the rows' content, not only their path
+        data["init_rows_sha256"] = given_rows(config.init_rows).sha256
     cell = {"format_version": SWEEP_FORMAT_VERSION, "config": data,
             "first_passage": [float(x) for x in first_passage], "absolute": bool(absolute)}
     if not trajectory:
