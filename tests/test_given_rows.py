@@ -6,8 +6,10 @@ same run written in either frame, and one-line errors for bad files."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -249,7 +251,6 @@ def test_bad_rows_are_one_line_errors_and_keep_results(tmp_path, monkeypatch, ar
         spec, args = args[i + 1], args[:i] + args[i + 2:]
     learner = [] if "--learner" in args else ["--learner", "scratch"]
     rows = [] if "--rows" in args or "sparse" in args else ["--rows", "free"]
-    Path = type(tmp_path)
     Path("kept.h5").write_bytes(b"results already written")
     res = _run([spec, *learner, *rows, *args, "--steps", "10", "--out", "kept.h5", "--force"])
     assert res.exit_code == 1, res.output
@@ -265,3 +266,21 @@ def test_config_errors_name_the_option(tmp_path):
     with pytest.raises(ConfigError, match="init_frame"):
         RunConfig(instance=spec, learner="scratch", eta=0.01, steps=5, init_frame="sideways")
     assert given_rows(_save(tmp_path, "r.npy", np.eye(2, 24))).width == 2
+
+
+def test_sgd_from_one_given_start_tracks_its_ode_as_d_grows(tmp_path):
+    """All runs from the same rows (benchmarks/given_start.py, smaller): the SGD mean is
+    within 4 SE of the one ODE curve, and the per-run gap shrinks from d = 100 to 400."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "given_start.py"
+    spec = importlib.util.spec_from_file_location("given_start", path)
+    given_start = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(given_start)
+    rms = []
+    for d in (100, 400):
+        alpha, ode, sgd, _ = given_start.run(d, 24, 5.0, 2, tmp_path)
+        se = sgd.std(0, ddof=1) / math.sqrt(len(sgd))
+        late = alpha >= 0.2
+        z = np.abs(sgd.mean(0) - ode)[late] / se[late]
+        assert z.max() < 4, (d, z.max())
+        rms.append(float(np.sqrt(np.mean((sgd - ode) ** 2))))
+    assert rms[1] < rms[0] / 1.5, rms  # d^{-1/2}: a factor 2 expected
