@@ -26,6 +26,7 @@ error). The file's sha256 is recorded in the trajectory for provenance.
 from __future__ import annotations
 
 import hashlib
+import io
 from functools import lru_cache
 from pathlib import Path
 
@@ -71,7 +72,6 @@ def _read(resolved: str, mtime_ns: int, size: int) -> tuple[np.ndarray, str]:
     data = Path(resolved).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if resolved.endswith(".npy"):
-        import io
         arr = np.load(io.BytesIO(data), allow_pickle=False)
     else:
         arr = np.loadtxt(resolved, ndmin=2)
@@ -99,13 +99,10 @@ def given_rows(path: str) -> GivenRows:
     return GivenRows(path, arr, digest)
 
 
-def given_rows_attrs(config) -> dict:
-    """Provenance of a run's given rows, written as attributes of ``extra/alignment``:
-    ``init_rows`` (the path as given), ``init_rows_sha256``, ``init_rows_shape`` and
-    ``init_frame`` (resolved: original or canonical)."""
-    rows = given_rows(config.init_rows)
-    from ..instance import build_instance
-    frame = resolve_frame(config.init_frame, build_instance(config.instance))
+def given_rows_attrs(rows: GivenRows, frame: str) -> dict:
+    """Provenance of a run's given rows (as read when the run started), written as
+    attributes of ``extra/alignment``: ``init_rows`` (the path as given),
+    ``init_rows_sha256``, ``init_rows_shape`` and ``init_frame`` (original or canonical)."""
     return {"init_rows": rows.path, "init_rows_sha256": rows.sha256,
             "init_rows_shape": list(rows.array.shape), "init_frame": frame}
 

@@ -23,6 +23,7 @@ and run.
   any k′ when the λᵢ are equal: λ̂ = λ₁·1, e.g. Saad & Solla's A = v = 1), or trained
   (``train_second_layer``; λ̂₀ = λ if k′ = k, else λ̂ⱼ ~ N(0, 1/k′)).
 - ``scratch-csq``: the same student under the correlation loss, λ̂ = λ fixed.
+- Both start from given rows instead with ``init_rows`` (a file; ``given_rows``).
 - ``sparse`` (S²FT, seed 002): rows start at W's rows, λ̂ = λ fixed, only s rows trainable.
 
 Randomness (initial rows, λ̂₀, the ``random`` sparse selection) comes from run r's ``init``
@@ -234,6 +235,7 @@ class NetworkLearner(Learner):
         self.mask = mask
         self._mask_f = mask.to(ones.dtype)
         self._vrows = None  # teacher rows (R, k, k+1), built on first use
+        self.given = None  # (GivenRows, resolved frame) when the rows came from a file
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -466,16 +468,17 @@ class NetworkLearner(Learner):
             loss=self.loss_name, diagonal=self.diagonal_alignment,
             train_second_layer=self.train_second_layer, rows=self.rows)
         extra.update(ode)
-        if result.config.init_rows is not None:
-            attrs.setdefault("alignment", {}).update(given_rows_attrs(result.config))
+        if self.given is not None:
+            attrs.setdefault("alignment", {}).update(given_rows_attrs(*self.given))
         return make_trajectory(result, align, loss, loss_kind=LOSS_EXACT, extra=extra,
                                extra_attrs=attrs)
 
 
 class _FromScratch(NetworkLearner):
     """Rows i.i.d. uniform on S^{d−1} (free rows: i.i.d. N(0, s²I/d)) from run r's ``init``
-    stream; λ̂₀ = λ, or, when trained and k′ ≠ k, λ̂ⱼ ~ N(0, 1/k′) from the same stream
-    (drawn after the rows)."""
+    stream, or the rows of the ``init_rows`` file in the canonical frame
+    (``given_rows``; unit rows normalised); λ̂₀ = λ, or, when trained and k′ ≠ k,
+    λ̂ⱼ ~ N(0, 1/k′) from the same stream (drawn after the rows)."""
 
     def initial_arrays(self, config, instances) -> tuple[np.ndarray, np.ndarray]:
         d, width = instances[0].d, self.width
@@ -486,6 +489,7 @@ class _FromScratch(NetworkLearner):
             frame = resolve_frame(config.init_frame, instances[0])
             w = config.instance["W"] if frame == "original" else None
             shared = None if given.per_run else canonical_rows(given.array, w)
+            self.given = (given, frame)  # provenance of the rows actually used
         for r, inst in enumerate(instances):
             rng = np.random.default_rng(run_seed(config.seed, r, "init"))
             if given is not None:
