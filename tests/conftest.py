@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from click.testing import CliRunner
+from helpers import TINY_SPEC_TOML
 
 # one table of tolerances per dtype (relative), used by the engine tests
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
@@ -26,3 +30,17 @@ def device(request) -> str:
 def small_spec() -> dict:
     """A small projected instance: ReLU, k = 3, d = 16, ξ = 1, orthonormal W."""
     return {"activation": "relu", "k": 3, "d": 16, "xi": 1.0, "seed": 9}
+
+
+@pytest.fixture
+def spec_dir(tmp_path, monkeypatch) -> Path:
+    """A fresh working directory holding spec.toml (``helpers.TINY_SPEC_TOML``)."""
+    monkeypatch.chdir(tmp_path)
+    Path("spec.toml").write_text(TINY_SPEC_TOML)
+    return tmp_path
+
+
+@pytest.fixture
+def runner(spec_dir) -> CliRunner:
+    """A CliRunner working in ``spec_dir``."""
+    return CliRunner()

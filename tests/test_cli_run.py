@@ -7,20 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from dynamics import learners
 from sims.cli import cli
 
-SPEC = 'activation = "relu"\nk = 3\nd = 20\nxi = 1.0\nseed = 9\n'
 FAST = ["--eta", "0.002", "--steps", "300", "--runs", "4", "--checkpoints", "8"]
-
-
-@pytest.fixture
-def runner(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    Path("spec.toml").write_text(SPEC)
-    return CliRunner()
 
 
 def _run(runner, *args):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import assert_close
 
 from dynamics.activations import get_activation, torch_activation
 from dynamics.config import ConfigError, RunConfig
@@ -44,12 +45,6 @@ def _learner_state(config):
     return run.instances, run.problem, run.learner, run.state
 
 
-def _close(ours, ref, rtol=1e-10):
-    ours, ref = torch.as_tensor(ours), torch.as_tensor(ref)
-    scale = max(float(ref.abs().max()), 1e-300)
-    err = float((ours - ref).abs().max())
-    assert err <= rtol * scale, f"max error {err:.3g} vs scale {scale:.3g}"
-
 
 # ---------------------------------------------------------------- scaled activations
 @pytest.mark.parametrize("name, base, scale", [
@@ -68,8 +63,8 @@ def test_scaled_activation_is_sigma_of_a_x(name, base, scale):
     assert get_activation(act.name) is act  # the canonical name reads back as itself
     t = torch_activation(act)
     xt = torch.as_tensor(x)
-    _close(t.fn(xt), act.fn(x), 1e-14)
-    _close(t.deriv(xt), act.deriv(x), 1e-14)
+    assert_close(t.fn(xt), act.fn(x), 1e-14)
+    assert_close(t.deriv(xt), act.deriv(x), 1e-14)
     assert kernel_activation(t) is not None  # the compiled step runs it
 
 
@@ -203,9 +198,9 @@ def test_free_row_sample_gradients_match_autograd(learner, teacher, batch):
             f_hat = sig(w @ xb) @ lh
             ref = -y * f_hat if learner == "scratch-csq" else (y - f_hat) ** 2
             gw, gl = torch.autograd.grad(ref, (w, lh))
-            _close(grad_w[r, b], gw)
-            _close(grad_l[r, b], gl)
-            _close(loss[r, b], ref.detach())
+            assert_close(grad_w[r, b], gw)
+            assert_close(grad_l[r, b], gl)
+            assert_close(loss[r, b], ref.detach())
 
 
 def test_free_row_step_is_plain_sgd_and_rows_keep_their_norm():
@@ -217,7 +212,7 @@ def test_free_row_step_is_plain_sgd_and_rows_keep_their_norm():
     x = torch.as_tensor(gen.standard_normal((2, 3, 13)))
     grad_w, _, _ = lrn.sample_gradients(state, x)
     new = lrn.step(state, x)
-    _close(new.rows, state.rows - 0.05 * grad_w.mean(1), 1e-12)
+    assert_close(new.rows, state.rows - 0.05 * grad_w.mean(1), 1e-12)
     before = state.rows.clone()
     lrn.renormalize_(state)
     assert torch.equal(state.rows, before)  # no retraction for free rows
@@ -249,9 +244,9 @@ def test_free_row_fast_path_equals_plain_path(case):
         out.append((run, run.run()))
     (plain, tp), (fast, tf) = out
     assert kernel_activation(fast.problem.activation) is not None
-    _close(fast.state.rows, plain.state.rows)
-    _close(fast.state.lam_hat, plain.state.lam_hat)
-    _close(tf.loss, tp.loss)
+    assert_close(fast.state.rows, plain.state.rows)
+    assert_close(fast.state.lam_hat, plain.state.lam_hat)
+    assert_close(tf.loss, tp.loss)
     assert np.abs(tp.loss[:, -1] - tp.loss[:, 0]).max() > 1e-3  # the runs moved
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import assert_close
 
 from dynamics import sphere
 from dynamics.activations import torch_activation
@@ -64,11 +65,6 @@ def _autograd(inst, u_hat, c_hat, x, project, label=None):
     return sphere.proju(u_hat, gu), gc, loss.detach()
 
 
-def _close(ours, ref, rtol=1e-10):
-    scale = max(float(ref.abs().max()), 1e-300)
-    err = float((ours - ref).abs().max())
-    assert err <= rtol * scale, f"max error {err:.3g} vs scale {scale:.3g}"
-
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("project", [True, False], ids=["proj", "noproj"])
@@ -82,9 +78,9 @@ def test_sample_gradient_matches_autograd(activation, project, joint, u_alpha):
         for b in range(B):
             ref_u, ref_c, ref_l = _autograd(inst, state.u_hat[r], state.c_hat[r], x[r, b],
                                             project)
-            _close(tangent[r, b], ref_u)
-            _close(grad_c[r, b], ref_c)
-            _close(loss[r, b], ref_l)
+            assert_close(tangent[r, b], ref_u)
+            assert_close(grad_c[r, b], ref_c)
+            assert_close(loss[r, b], ref_l)
 
 
 def test_label_noise_enters_the_label():
@@ -103,8 +99,8 @@ def test_label_noise_enters_the_label():
             v = v / v.norm(dim=1, keepdim=True)
             y = torch.tanh(v @ x[r, b]) @ torch.as_tensor(inst.lam) + 0.3**0.5 * eps[r, b]
             ref_u, ref_c, _ = _autograd(inst, state.u_hat[r], state.c_hat[r], x[r, b], True, y)
-            _close(tangent[r, b], ref_u)
-            _close(grad_c[r, b], ref_c)
+            assert_close(tangent[r, b], ref_u)
+            assert_close(grad_c[r, b], ref_c)
 
 
 @pytest.mark.parametrize("activation", ["relu", "he3"])
@@ -117,9 +113,9 @@ def test_step_is_the_spherical_sgd_step(activation, project, joint, batch):
     tangent, grad_c, _ = learner.sample_gradients(state, x)
     new = learner.step(state, x)
     eta = learner.eta_r[:, None]
-    _close(new.u_hat, sphere.retr(state.u_hat, -eta * tangent.mean(1)), 1e-12)
+    assert_close(new.u_hat, sphere.retr(state.u_hat, -eta * tangent.mean(1)), 1e-12)
     expect_c = state.c_hat - learner.eta_c_r[:, None] * grad_c.mean(1) if joint else state.c_hat
-    _close(new.c_hat, expect_c, 1e-12)
+    assert_close(new.c_hat, expect_c, 1e-12)
     assert new.step == state.step + 1 and state.step == 0  # pure: the input is untouched
 
 

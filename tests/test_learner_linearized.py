@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import assert_close
 
 import hermite
 from dynamics import sphere
@@ -115,9 +116,7 @@ def _rank1_delta(inst, state, r):
 
 
 def _close(ours, ref, rtol=1e-10):
-    scale = max(float(torch.as_tensor(ref).abs().max()), 1e-5)  # floor: rounding of 0
-    err = float((torch.as_tensor(ours) - torch.as_tensor(ref)).abs().max())
-    assert err <= rtol * scale, f"max error {err:.3g} vs scale {scale:.3g}"
+    assert_close(ours, ref, rtol, floor=1e-5)  # floor: rounding of 0
 
 
 # ---------------------------------------------------------------- the Taylor model

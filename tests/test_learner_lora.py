@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import assert_close
 
 import hermite
 from dynamics import stiefel
@@ -72,11 +73,6 @@ def _autograd(li, u_hat, c_hat, x, project, label=None):
     return stiefel.proju(u_hat, gu), gc, loss.detach()
 
 
-def _close(ours, ref, rtol=1e-10):
-    scale = max(float(ref.abs().max()), 1e-300)
-    err = float((ours - ref).abs().max())
-    assert err <= rtol * scale, f"max error {err:.3g} vs scale {scale:.3g}"
-
 
 # ---------------------------------------------------------------- gradients and steps
 @pytest.mark.parametrize("rank", [1, 2, 3])
@@ -91,9 +87,9 @@ def test_sample_gradient_matches_autograd(rank, activation, project, joint, u_al
         for b in range(B):
             ref_u, ref_c, ref_l = _autograd(li, state.u_hat[r], state.c_hat[r], x[r, b],
                                             project)
-            _close(tangent[r, b], ref_u)
-            _close(grad_c[r, b], ref_c)
-            _close(loss[r, b], ref_l)
+            assert_close(tangent[r, b], ref_u)
+            assert_close(grad_c[r, b], ref_c)
+            assert_close(loss[r, b], ref_l)
 
 
 def test_label_noise_enters_the_label():
@@ -112,8 +108,8 @@ def test_label_noise_enters_the_label():
             v = v / v.norm(dim=1, keepdim=True)
             y = torch.tanh(v @ x[r, b]) @ torch.as_tensor(li.lam) + 0.3**0.5 * eps[r, b]
             ref_u, ref_c, _ = _autograd(li, state.u_hat[r], state.c_hat[r], x[r, b], True, y)
-            _close(tangent[r, b], ref_u)
-            _close(grad_c[r, b], ref_c)
+            assert_close(tangent[r, b], ref_u)
+            assert_close(grad_c[r, b], ref_c)
 
 
 @pytest.mark.parametrize("rank", [1, 3])
@@ -128,10 +124,10 @@ def test_step_is_the_riemannian_sgd_step(rank, project, joint, batch, retraction
     tangent, grad_c, _ = learner.sample_gradients(state, x)
     new = learner.step(state, x)
     eta = learner.eta_r[:, None, None]
-    _close(new.u_hat, stiefel.retr(state.u_hat, -eta * tangent.mean(1), retraction), 1e-12)
+    assert_close(new.u_hat, stiefel.retr(state.u_hat, -eta * tangent.mean(1), retraction), 1e-12)
     expect_c = (state.c_hat - learner.eta_c_r[:, None, None] * grad_c.mean(1) if joint
                 else state.c_hat)
-    _close(new.c_hat, expect_c, 1e-12)
+    assert_close(new.c_hat, expect_c, 1e-12)
     assert new.step == state.step + 1 and state.step == 0  # pure: the input is untouched
 
 
@@ -143,18 +139,18 @@ def test_stiefel_geometry():
     t = stiefel.proju(x, v)
     skew = x.transpose(-1, -2) @ t  # tangent ⇔ XᵀV skew-symmetric
     assert float((skew + skew.transpose(-1, -2)).abs().max()) < 1e-14
-    _close(stiefel.proju(x, t), t, 1e-14)  # idempotent
+    assert_close(stiefel.proju(x, t), t, 1e-14)  # idempotent
     y = x + 0.3 * t
     # polar: the orthogonal polar factor U Vᵀ of Y = U Σ Vᵀ; qr: Q of Y = QR, diag R > 0
     uu, _, vt = torch.linalg.svd(y, full_matrices=False)
-    _close(stiefel.projx(y, "polar"), uu @ vt, 1e-13)
+    assert_close(stiefel.projx(y, "polar"), uu @ vt, 1e-13)
     q, rr = torch.linalg.qr(y)
     q = q * torch.sign(torch.diagonal(rr, dim1=-2, dim2=-1))[..., None, :]
-    _close(stiefel.projx(y, "qr"), q, 1e-13)
+    assert_close(stiefel.projx(y, "qr"), q, 1e-13)
     # r = 1: both retractions are the sphere's normalisation
     s = torch.randn(5, 7, 1, generator=gen, dtype=F64)
     for method in stiefel.RETRACTIONS:
-        _close(stiefel.projx(s, method), s / s.norm(dim=-2, keepdim=True), 1e-15)
+        assert_close(stiefel.projx(s, method), s / s.norm(dim=-2, keepdim=True), 1e-15)
     bad = torch.full((2, 2), float("nan"), dtype=F64)
     _, health = stiefel.retraction_factor(torch.stack([torch.eye(2, dtype=F64), bad]))
     assert health[0] == 1.0 and not torch.isfinite(health[1])
@@ -327,7 +323,7 @@ def test_a_non_finite_run_is_reported_and_isolated():
     assert torch.isfinite(health[0]) and health[0] > 0 and not torch.isfinite(health[1])
     assert learner.bad_runs(new).tolist() == [False, True]
     ref = learner.step(learner.init_state(state.u_hat[:1].repeat(2, 1, 1)), x[:1].repeat(2, 1, 1))
-    _close(new.u_hat[0], ref.u_hat[0], 1e-15)  # run 0 is untouched by run 1's NaN
+    assert_close(new.u_hat[0], ref.u_hat[0], 1e-15)  # run 0 is untouched by run 1's NaN
 
 
 def test_rank_keys_may_not_be_given_twice():

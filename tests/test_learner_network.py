@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import assert_close
 
 from dynamics import sphere
 from dynamics.activations import torch_activation
@@ -64,11 +65,6 @@ def _autograd(inst, rows, lam_hat, x, correlation, label=None):
     return sphere.proju(rows, gw), gl, loss.detach()
 
 
-def _close(ours, ref, rtol=1e-10):
-    scale = max(float(ref.abs().max()), 1e-300)
-    err = float((ours - ref).abs().max())
-    assert err <= rtol * scale, f"max error {err:.3g} vs scale {scale:.3g}"
-
 
 @pytest.mark.parametrize("activation", ["relu", "tanh", "he3", "erf"])
 @pytest.mark.parametrize("learner", LEARNERS)
@@ -93,9 +89,9 @@ def test_sample_gradients_match_autograd(activation, learner, batch):
                  + 0.2**0.5 * eps[r, b])
             ref_w, ref_l, ref_loss = _autograd(inst[r], state.rows[r], state.lam_hat[r],
                                                x[r, b], learner == "scratch-csq", y)
-            _close(tangent[r, b], ref_w * mask[r])
-            _close(grad_l[r, b], ref_l)
-            _close(loss[r, b], ref_loss)
+            assert_close(tangent[r, b], ref_w * mask[r])
+            assert_close(grad_l[r, b], ref_l)
+            assert_close(loss[r, b], ref_loss)
 
 
 @pytest.mark.parametrize("learner", LEARNERS)
@@ -111,9 +107,9 @@ def test_step_is_the_spherical_sgd_step(learner, batch):
     x = torch.as_tensor(gen.standard_normal((R, batch, D)))
     tangent, grad_l, _ = lrn.sample_gradients(state, x)
     new = lrn.step(state, x)
-    _close(new.rows, sphere.retr(state.rows, -0.05 * tangent.mean(1)), 1e-12)
+    assert_close(new.rows, sphere.retr(state.rows, -0.05 * tangent.mean(1)), 1e-12)
     expect_l = state.lam_hat - 0.03 * grad_l.mean(1) if train else state.lam_hat
-    _close(new.lam_hat, expect_l, 1e-12)
+    assert_close(new.lam_hat, expect_l, 1e-12)
     assert new.step == 1 and state.step == 0
     assert float((new.rows - state.rows).abs().max()) > 1e-6  # it moved
 

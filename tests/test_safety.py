@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import TINY_SPEC_TOML
 
 from dynamics import budget, engine
 from dynamics.config import ConfigError, RunConfig
@@ -24,7 +25,7 @@ from sims.io.outputs import Input, Output, OutputError, check_outputs
 from sims.io.sweep import read_sweep
 from sims.io.trajectory import TrajectoryFileError, read_trajectory
 
-SPEC = 'activation = "relu"\nk = 3\nd = 20\nxi = 1.0\nseed = 9\n'
+SPEC = TINY_SPEC_TOML
 BIG = 'activation = "relu"\nk = 5\nd = 2000\nxi = 1.0\nseed = 9\n'
 HUGE = 'activation = "relu"\nk = 5\nd = 1000000\nxi = 1.0\nseed = 9\n'
 FAST = ["--eta", "0.002", "--steps", "200", "--runs", "4", "--checkpoints", "8"]
@@ -66,10 +67,8 @@ seed = 1
 
 
 @pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    Path("spec.toml").write_text(SPEC)
-    return tmp_path
+def here(spec_dir):
+    return spec_dir
 
 
 def md5(path) -> str:

@@ -4,25 +4,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from sims.cli import cli
 from sims.io.summary import MAX_TRAILING, quantity_summaries, summarize_array
 from sims.io.trajectory import read_trajectory
 
-SPEC = 'activation = "relu"\nk = 3\nd = 20\nxi = 1.0\nseed = 9\n'
 FAST = ["--eta", "0.002", "--steps", "300", "--runs", "4", "--checkpoints", "8"]
-
-
-@pytest.fixture
-def runner(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    Path("spec.toml").write_text(SPEC)
-    return CliRunner()
 
 
 def _json(runner, *args) -> dict:
