@@ -458,3 +458,23 @@ def test_cli_integrals_closed_without_closed_forms_is_one_line_error(tmp_path):
     assert res.exit_code == 1, res.output
     lines = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
     assert len(lines) == 1 and "closed-form" in lines[0], res.output
+
+
+def test_run_learns_a_committee_teacher_from_scratch_by_default(nn2pp_spec, tmp_path):
+    """No --learner: a committee teacher gets scratch (finetune cannot learn it); a fine-tuned
+    teacher still gets finetune."""
+    import h5py
+
+    out = tmp_path / "c.h5"
+    res = CliRunner().invoke(cli, ["run", nn2pp_spec, "--rows", "free", "--steps", "50",
+                                   "--runs", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    with h5py.File(out) as f:
+        assert f.attrs["learner"] == "scratch"
+    ft = tmp_path / "ft.json"
+    ft.write_text(json.dumps({"activation": "relu", "k": 2, "d": 20}))
+    res = CliRunner().invoke(cli, ["run", str(ft), "--steps", "50", "--runs", "2",
+                                   "--out", str(tmp_path / "f.h5")])
+    assert res.exit_code == 0, res.output
+    with h5py.File(tmp_path / "f.h5") as f:
+        assert f.attrs["learner"] == "finetune"

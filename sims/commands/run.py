@@ -56,6 +56,16 @@ def run_config(spec_path, *, eta, steps, **options) -> tuple[RunConfig, list[str
     return config.validate(), notes
 
 
+def default_learner(spec_path) -> str:
+    """``scratch`` for a committee teacher (learnt from scratch only), else ``finetune``;
+    an unreadable spec gives ``finetune`` (``run_config`` then names its problem)."""
+    try:
+        committee = load_spec(spec_path).get("teacher") == "committee"
+    except Exception:  # noqa: BLE001 - reported by run_config with its own message
+        committee = False
+    return "scratch" if committee else "finetune"
+
+
 def summary_json(traj) -> dict:
     """{"steps", "overlap_mean", "overlap_std", "ode"[, "ode_corrected"]} over non-diverged
     runs (null for NaN), plus the loss and every recorded quantity's summary
@@ -98,9 +108,10 @@ def _summary_line(traj, notes) -> str:
 
 @click.command("run")
 @click.argument("spec")
-@click.option("--learner", default="finetune",
+@click.option("--learner", default=None,
               help="Learner: finetune (rank-1 LoRA, eq. 4), lora (rank r), linearized "
-                   "(NTK), scratch, scratch-csq, sparse (S²FT), glm, moment.",
+                   "(NTK), scratch, scratch-csq, sparse (S²FT), glm, moment [default: "
+                   "finetune; scratch for a committee teacher].",
               metavar="|".join(LEARNERS))
 @learner_flags
 @click.option("--eta", type=float, default=None,
@@ -144,6 +155,7 @@ def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, 
         xi_values, instance_seeds, dtype, device, engine, streams, out, plot, finite_d_theory,
         as_json, force=False, **options):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
+    learner = learner or default_learner(spec)
     config, notes = run_config(
         spec, eta=eta, steps=steps, learner=learner, runs=runs, seed=seed, batch=batch,
         label_noise=label_noise, checkpoints=checkpoints, spacing=spacing,
