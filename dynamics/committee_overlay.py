@@ -36,6 +36,7 @@ from hermite.committee import (
 
 __all__ = ["ODE_EVALS", "SECOND_ORDER_BUDGET_S", "SECOND_ORDER_MAX_FIELDS",
            "committee_applies", "committee_model", "committee_state", "drift_seconds",
+           "rounding_repaired",
            "plan_order", "integrate", "committee_records"]
 
 ODE_EVALS = 400  # drift evaluations of one solve_ivp run (DOP853, rtol 1e-6), measured
@@ -129,6 +130,28 @@ def _note(text: str) -> None:
     print(f"note: {text}", file=sys.stderr)
 
 
+def rounding_repaired(state: CommitteeState, T: np.ndarray, rows: str,
+                      tol: float = 1e-5) -> CommitteeState:
+    """``state`` with Q moved (R, T kept) to the nearest Q whose joint Gram
+    [[Q, R], [Rᵀ, T]] is PSD, when rounding made it indefinite by at most ``tol``·‖Q‖ (a
+    float32 run started in a degenerate configuration, e.g. student rows in the span of
+    the teacher's): the Schur complement S = Q − R T⁺ Rᵀ has its negative eigenvalues set
+    to 0; unit rows are then renormalised (Q ← DQD, R ← DR, D = diag(Q)^{-1/2}, which
+    keeps PSD). A larger violation is left for the ODE's own check to name."""
+    Q, R = state.Q, state.R
+    base = R @ np.linalg.pinv(T, hermitian=True) @ R.T
+    w, vecs = np.linalg.eigh(0.5 * ((Q - base) + (Q - base).T))
+    if w[0] >= 0 or w[0] < -tol * max(1.0, np.abs(Q).max()):
+        return state
+    Q = base + (vecs * np.clip(w, 0.0, None)) @ vecs.T
+    Q = 0.5 * (Q + Q.T)
+    if rows == "unit":
+        dinv = 1.0 / np.sqrt(np.diag(Q))
+        Q, R = Q * np.outer(dinv, dinv), R * dinv[:, None]
+        np.fill_diagonal(Q, 1.0)
+    return CommitteeState.from_arrays(Q, R, state.v)
+
+
 def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None, *,
                       loss: str, diagonal: bool, train_second_layer: bool,
                       quiet: bool = False, second_order: bool | None = None,
@@ -170,6 +193,8 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
                                     label_noise=config.label_noise, batch=config.batch,
                                     trainable=masks[r], second_order=order == 2, rows=rows)
             state = committee_state(cross0[r], gram0[r], lam0[r], rows)
+            if config.dtype == "float32":  # overlaps rounded to ~1e-7
+                state = rounding_repaired(state, model.T, rows)
             lo, al, integrator = integrate(model, state, steps, inst.d, diagonal=diagonal)
         except (ValueError, RuntimeError) as exc:
             failed.append(f"runs {idx[0]}…{idx[-1]}: {exc}")

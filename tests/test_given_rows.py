@@ -284,3 +284,38 @@ def test_sgd_from_one_given_start_tracks_its_ode_as_d_grows(tmp_path):
         assert z.max() < 4, (d, z.max())
         rms.append(float(np.sqrt(np.mean((sgd - ode) ** 2))))
     assert rms[1] < rms[0] / 1.5, rms  # d^{-1/2}: a factor 2 expected
+
+
+@pytest.mark.parametrize("rows", ["free", "unit"])
+def test_float32_run_started_at_its_teacher_keeps_its_ode(tmp_path, rows):
+    """Student rows = teacher rows: the joint Gram is singular, and float32 rounding makes it
+    indefinite by ~1e-8; the overlay repairs that rounding (Schur complement clipped), so
+    the ODE is recorded, starting at loss ≈ 0 like SGD."""
+    spec, w = _explicit_spec(k=2, d=30)
+    start = w / np.linalg.norm(w, axis=1, keepdims=True) if rows == "unit" else w
+    if rows == "unit":
+        spec["W"] = start.tolist()
+    traj = simulate(_config(spec, _save(tmp_path, "w.npy", start), rows=rows,
+                            dtype="float32", steps=300))
+    ode = traj.extra["ode_loss"]
+    assert np.isfinite(ode).all()
+    assert np.abs(ode[:, 0]).max() < 1e-5 and np.abs(traj.loss[:, 0]).max() < 1e-5
+
+
+def test_rounding_repair_is_small_and_only_for_rounding():
+    from dynamics.committee_overlay import rounding_repaired
+    from hermite.committee import CommitteeState
+
+    gen = np.random.default_rng(0)
+    V = gen.standard_normal((2, 7)) / math.sqrt(7)
+    T = V @ V.T
+    Q = T.copy() - 3e-7 * np.eye(2)  # student = teacher, Q rounded down: indefinite
+    state = CommitteeState.from_arrays(Q, T.copy(), np.ones(2))
+    fixed = rounding_repaired(state, T, "free")
+    joint = np.block([[fixed.Q, fixed.R], [fixed.R.T, T]])
+    assert np.linalg.eigvalsh(joint)[0] > -1e-12
+    assert np.abs(fixed.Q - Q).max() < 1e-6 and np.array_equal(fixed.R, state.R)
+    far = CommitteeState.from_arrays(T - 0.1 * np.eye(2), T.copy(), np.ones(2))
+    assert rounding_repaired(far, T, "free") is far  # a real error: the ODE names it
+    ok = CommitteeState.from_arrays(np.eye(2) * 2, np.zeros((2, 2)), np.ones(2))
+    assert rounding_repaired(ok, T, "free") is ok
