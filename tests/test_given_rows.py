@@ -176,6 +176,14 @@ def test_file_records_where_the_rows_came_from(tmp_path):
     assert attrs["init_frame"] == "original" and attrs["init_rows"] == rows
     assert list(attrs["init_rows_shape"]) == [2, spec["d"]]
     assert config["init_rows"] == rows and config["init_frame"] == "auto"
+    shown = CliRunner().invoke(cli, ["show", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert f"{rows} (shape (2, {spec['d']}), original frame, sha256 " \
+        f"{attrs['init_rows_sha256']})" in shown.output
+    assert "rows=free" in shown.output and f"<2×{spec['d']} array>" in shown.output
+    info = json.loads(CliRunner().invoke(cli, ["show", str(out), "--json"]).output)
+    assert info["init_rows"]["init_rows_sha256"] == attrs["init_rows_sha256"]
+    assert info["extra"]["alignment"] == [2, info["datasets"]["steps"][0]]
 
 
 def test_sweep_cell_hash_follows_the_rows_content(tmp_path):

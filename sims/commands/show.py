@@ -7,7 +7,9 @@ import json
 
 import click
 import h5py
+import numpy as np
 
+from dynamics.learners.options import all_options
 from sims.commands.run import summary_json
 from sims.io.sweep import SWEEP_FORMAT, file_format, read_sweep
 from sims.io.trajectory import read_trajectory
@@ -24,8 +26,27 @@ def describe(path) -> dict:
     out = {key: meta.get(key) for key in HEADER}
     out["config"] = meta.get("config")
     out["datasets"] = meta["datasets"]
+    out["extra"] = {name: list(np.shape(a)) for name, a in traj.extra.items()}
+    with h5py.File(path, "r") as f:
+        given = dict(f["extra/alignment"].attrs) if "extra/alignment" in f else {}
+    if "init_rows_sha256" in given:
+        out["init_rows"] = {k: _plain(given[k]) for k in ("init_rows", "init_rows_sha256",
+                                                          "init_rows_shape", "init_frame")}
     out["summary"] = traj.summary()
     return out
+
+
+def _plain(value):
+    """An HDF5 attribute as a JSON-ready value."""
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def _brief(value, most: int = 16):
+    """A spec value for one line: arrays of more than ``most`` numbers as their shape."""
+    arr = np.asarray(value, dtype=object)
+    if isinstance(value, list) and arr.size > most:
+        return f"<{'×'.join(map(str, arr.shape))} array>"
+    return value
 
 
 SWEEP_HEADER = ("format", "format_version", "loradyn_version", "git_commit", "created")
@@ -98,13 +119,21 @@ def show(file, as_json):
     for key in HEADER:
         click.echo(f"{key:16s} {info[key]}")
     cfg = info["config"] or {}
-    spec = cfg.get("instance", {})
-    click.echo(f"{'instance':16s} {json.dumps(spec, sort_keys=True)}")
-    keys = ("eta", "eta_c", "steps", "runs", "batch", "label_noise", "init", "joint_c",
-            "project", "xi_values", "instance_seeds")
+    spec = {k: _brief(v) for k, v in cfg.get("instance", {}).items()}
+    click.echo(f"{'instance':16s} {json.dumps(spec, sort_keys=True, ensure_ascii=False)}")
+    keys = ("eta", "steps", "runs", "batch", "label_noise", "xi_values", "instance_seeds")
     click.echo(f"{'run':16s} " + ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg))
+    own = [k for k in all_options() if k in cfg]
+    if own:
+        click.echo(f"{'options':16s} " + ", ".join(f"{k}={cfg[k]}" for k in own))
     for name, shape in info["datasets"].items():
         click.echo(f"{'dataset':16s} {name} {tuple(shape)}")
+    for name, shape in info["extra"].items():
+        click.echo(f"{'dataset':16s} extra/{name} {tuple(shape)}")
+    if info.get("init_rows"):
+        g = info["init_rows"]
+        click.echo(f"{'init_rows':16s} {g['init_rows']} (shape {tuple(g['init_rows_shape'])}, "
+                   f"{g['init_frame']} frame, sha256 {g['init_rows_sha256']})")
     s = info["summary"]
     click.echo(f"{'summary':16s} " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
                                                 f"{k}={v}" for k, v in s.items()))
