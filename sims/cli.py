@@ -1,14 +1,59 @@
-"""The ``loradyn`` click group. Commands parse options and delegate to library functions."""
+"""The ``loradyn`` click group. Commands parse options and delegate to library functions.
+
+Subcommands are imported when they run (``loradyn --help`` imports none of them, so it does
+not pay for torch and numba); :data:`COMMANDS` names each one's module and the one-line help
+that ``loradyn --help`` lists (tested equal to the command's own short help).
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from sims import __version__
 
+COMMANDS = {  # name → (module, attribute, one-line help)
+    "bench": ("sims.commands.bench", "bench",
+              "Benchmarks (ratios measured within one run; no timing is asserted in tests)."),
+    "hermite": ("sims.commands.hermite", "hermite",
+                "Exact population theory: μ_p(σ), h(m), the population and committee ODEs."),
+    "plot": ("sims.commands.plot", "plot",
+             "Plot trajectory files (loradyn run) and sweep files (loradyn sweep)."),
+    "reproduce": ("sims.commands.reproduce", "reproduce",
+                  "Reproduce the figures of the paper's appendix B (fig1 … fig6)."),
+    "run": ("sims.commands.run", "run",
+            "Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."),
+    "scaling": ("sims.commands.scaling", "scaling",
+                "Measure hitting times over the d grid of SPEC and fit T ∝ d^b."),
+    "show": ("sims.commands.show", "show",
+             "Describe FILE: a trajectory file (`loradyn run`) or a sweep file (`loradyn "
+             "sweep`, `scaling`, `reproduce`)."),
+    "sweep": ("sims.commands.sweep", "sweep",
+              "Run (or resume) the sweep described by SPEC (TOML; see docs/sweeps.md)."),
+}
+
 
 class LoradynGroup(click.Group):
-    """A click group that turns library errors (ValueError, OSError) into one-line errors."""
+    """A click group whose subcommands load on first use, and that turns library errors
+    (ValueError, OSError, ArithmeticError) into one-line errors."""
+
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module, attribute, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attribute)
+
+    def format_commands(self, ctx, formatter):
+        """The command list from :data:`COMMANDS` (no subcommand is imported)."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(n, _shorten(COMMANDS[n][2], limit)) for n in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx):
         try:
@@ -18,6 +63,13 @@ class LoradynGroup(click.Group):
             raise click.ClickException(message) from None
 
 
+def _shorten(text: str, limit: int) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters, "..." marking a cut."""
+    if len(text) <= limit:
+        return text
+    return text[: max(limit - 3, 1)].rsplit(" ", 1)[0].rstrip(" ,;:") + "..."
+
+
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
 
 
@@ -25,23 +77,6 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
 @click.version_option(__version__, "-V", "--version", prog_name="loradyn")
 def cli():
     """loradyn: gradient dynamics of low-rank (LoRA-style) fine-tuning."""
-
-
-def _register():
-    from sims.commands.bench import bench
-    from sims.commands.hermite import hermite
-    from sims.commands.plot import plot
-    from sims.commands.reproduce import reproduce
-    from sims.commands.run import run
-    from sims.commands.scaling import scaling
-    from sims.commands.show import show
-    from sims.commands.sweep import sweep
-
-    for command in (run, show, hermite, sweep, plot, scaling, reproduce, bench):
-        cli.add_command(command)
-
-
-_register()
 
 
 def main():  # console-script entry point

@@ -142,3 +142,30 @@ def test_import_graph_layers():
     bad = [f"{mod} → {t}" for mod, targets in _import_graph().items() for t in targets
            if t.split(".")[0] in forbidden[mod.split(".")[0]]]
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_loradyn_help_imports_no_subcommand():
+    """``loradyn --help`` lists the commands from ``sims.cli.COMMANDS`` without importing
+    any of them (nor torch, numba or the engine)."""
+    out = _fresh("import sys\nfrom click.testing import CliRunner\nfrom sims.cli import cli\n"
+                 "res = CliRunner().invoke(cli, ['--help'])\nassert res.exit_code == 0\n"
+                 "print(res.output)\n"
+                 "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+                 "('torch', 'numba', 'dynamics', 'hermite') or m.startswith('sims.commands')))")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    for name in ("bench", "hermite", "plot", "reproduce", "run", "scaling", "show", "sweep"):
+        assert f"  {name} " in out.stdout
+
+
+def test_listed_help_is_each_commands_own():
+    from click.testing import CliRunner
+
+    from sims.cli import COMMANDS, cli
+
+    for name, (_, _, listed) in COMMANDS.items():
+        command = cli.get_command(None, name)
+        assert command.name == name
+        assert listed == command.get_short_help_str(limit=10_000), name
+        assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0
+    assert cli.get_command(None, "nope") is None

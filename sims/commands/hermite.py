@@ -39,7 +39,9 @@ def _load(spec_path):
     return load_instance(spec_path)
 
 
-@click.group("hermite", context_settings=CONTEXT)
+@click.group("hermite", context_settings=CONTEXT,
+             short_help="Exact population theory: μ_p(σ), h(m), the population and committee "
+                        "ODEs.")
 def hermite():
     """Exact population theory: μ_p(σ), h(m) (Prop. 4) and the population ODE."""
 
@@ -70,7 +72,7 @@ def coeffs_cmd(activation, pmax, as_json):
     _emit(payload, as_json, human)
 
 
-@hermite.command("h")
+@hermite.command("h", short_help="Evaluate the population drift h(m) (Prop. 4) of an instance.")
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--m", "m_values", type=float, multiple=True, required=True,
               help="Overlap m = <u, u_hat> in [-1, 1] (repeatable).")

@@ -26,7 +26,8 @@ from sims.io.outputs import Output, check_outputs
 __all__ = ["reproduce"]
 
 
-@click.command("reproduce")
+@click.command("reproduce",
+               short_help="Reproduce the figures of the paper's appendix B (fig1 … fig6).")
 @click.argument("figures", nargs=-1, required=True,
                 type=click.Choice([*FIGURES, "all"]))
 @click.option("--quick", is_flag=True,
