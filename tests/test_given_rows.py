@@ -327,3 +327,34 @@ def test_rounding_repair_is_small_and_only_for_rounding():
     assert rounding_repaired(far, T, "free") is far  # a real error: the ODE names it
     ok = CommitteeState.from_arrays(np.eye(2) * 2, np.zeros((2, 2)), np.ones(2))
     assert rounding_repaired(ok, T, "free") is ok
+
+
+def test_sweep_reads_init_rows_next_to_the_sweep_file(tmp_path, monkeypatch):
+    """``init_rows = "rows.npy"`` in a sweep is relative to the sweep file (like its
+    ``instance = "spec.toml"``), whatever the working directory; an axis of paths too."""
+    folder = tmp_path / "study"
+    folder.mkdir()
+    np.save(folder / "rows.npy", np.eye(2, 12) * 0.5)
+    other = np.zeros((2, 12))
+    other[0, :2], other[1, 2] = (0.3, 0.4), 0.5  # alignment 0.7, not 1
+    np.save(folder / "other.npy", other)
+    (folder / "sweep.toml").write_text(
+        '[sweep]\nname = "given"\n[base]\nlearner = "scratch"\nrows = "free"\n'
+        'init_rows = "rows.npy"\nruns = 2\nsteps = 40\ncheckpoints = 4\n'
+        '[base.instance]\nactivation = "erf(x/sqrt2)"\nteacher = "committee"\nk = 2\n'
+        'd = 12\nW = "orthonormal"\n[axes]\neta = [0.01, 0.02]\n'
+        '[[cases]]\ninit_rows = "rows.npy"\n[[cases]]\ninit_rows = "other.npy"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    res = CliRunner().invoke(cli, ["sweep", str(folder / "sweep.toml"), "--out", "s.h5"])
+    assert res.exit_code == 0, res.output
+    from sims.io.sweep import read_sweep
+
+    _, cells = read_sweep("s.h5")
+    used = sorted({c.config["init_rows"] for c in cells})
+    assert used == [str(folder / "other.npy"), str(folder / "rows.npy")]
+    for c in cells:  # the run started at the file's rows: cos with vᵢ is 1 or 0
+        start = np.load(c.config["init_rows"])
+        want = np.abs(start[:, :2] / np.linalg.norm(start, axis=1)[:, None]).max(0).mean()
+        assert c.traj.extra["alignment"][0, 0] == pytest.approx(want, rel=1e-12)

@@ -268,6 +268,7 @@ def _parse(data: dict, root: Path) -> SweepSpec:
     if not axes and not cases:
         raise SweepSpecError("empty grid: [axes] names no axis and there are no [[cases]]")
     _check_conflicts(base, instance, axes, cases)
+    _relative_to(root, base, axes, cases)
     levels = meta.get("first_passage", [])
     if not isinstance(levels, list) or not all(_is_number(x) for x in levels):
         raise SweepSpecError("[sweep] first_passage must be a list of numbers")
@@ -285,6 +286,25 @@ def _parse(data: dict, root: Path) -> SweepSpec:
         raise SweepSpecError("[sweep] name must be a string")
     return SweepSpec(base, instance, axes, cases, name, tuple(float(x) for x in levels),
                      absolute, trajectory=trajectory)
+
+
+PATH_KEYS = ("init_rows",)  # option values that name files: relative to the sweep file
+
+
+def _relative_to(root: Path, base: dict, axes: dict, cases: list) -> None:
+    """Paths in ``PATH_KEYS`` of [base], [axes] and [[cases]] resolved against ``root`` (the
+    sweep file's folder), like ``instance = "spec.toml"``; in place."""
+    def resolve(value):
+        if isinstance(value, str) and not Path(value).is_absolute():
+            return str(root / value)
+        return value
+
+    for key in PATH_KEYS:
+        for table in (base, *cases):
+            if key in table:
+                table[key] = resolve(table[key])
+        if key in axes:
+            axes[key] = [resolve(v) for v in axes[key]]
 
 
 def _table(data: dict, key: str) -> dict:
