@@ -478,3 +478,26 @@ def test_run_learns_a_committee_teacher_from_scratch_by_default(nn2pp_spec, tmp_
     assert res.exit_code == 0, res.output
     with h5py.File(tmp_path / "f.h5") as f:
         assert f.attrs["learner"] == "finetune"
+
+
+def test_example_nn2pp_spec_is_the_documented_setting(tmp_path):
+    """examples/nn2pp_default.toml: nn2pp's default teacher; a short run of its documented
+    command (fewer steps and runs) writes SGD and ODE curves that start together."""
+    from pathlib import Path
+
+    import h5py
+
+    from dynamics.instance import load_spec
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "nn2pp_default.toml"
+    spec = load_spec(path)
+    assert spec == {"activation": NN2PP_ERF, "teacher": "committee", "k": 2, "d": 2000,
+                    "W": "gaussian"}
+    out = tmp_path / "n.h5"
+    res = CliRunner().invoke(cli, ["run", str(path), "--rows", "free", "--eta", "0.000125",
+                                   "--steps", "2000", "--runs", "2", "--streams", "counter",
+                                   "--instance-seeds", "per_run", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    with h5py.File(out) as f:
+        assert f.attrs["learner"] == "scratch"
+        np.testing.assert_allclose(f["extra/ode_loss"][:, 0], f["loss"][:, 0], rtol=1e-10)
