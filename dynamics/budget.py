@@ -15,7 +15,8 @@ peak:
 * ``checkpoints``: the records at every checkpoint and the trajectory's (R, C) float64 arrays
   (overlap, loss, ODE, corrected ODE, band, their masked copies and the theory's temporaries:
   about 16 arrays, plus each learner's extra records, twice: lists and their stack);
-* ``instances``: with ``instance_seeds = per_run``, one resolved instance per run.
+* ``instances``: with ``instance_seeds = per_run``, one resolved instance per run;
+* ``given_rows``: the array of an ``init_rows`` file (its k′ also sets the network's width).
 
 The reduced engine has no examples and a state of a few numbers per run. On CUDA the state,
 examples and instance tables are device memory (checked against ``torch.cuda.mem_get_info``),
@@ -111,6 +112,25 @@ def _dims(config) -> tuple[int, int]:
     return d, int(k or 1)
 
 
+def _given_rows(config):
+    """The ``init_rows`` file's rows (None: none given, or unreadable: validation says so)."""
+    path = _opt(config, "init_rows", None)
+    if path is None:
+        return None
+    from .errors import ConfigError
+    from .learners.given_rows import given_rows
+    try:
+        return given_rows(path)
+    except ConfigError:
+        return None
+
+
+def _network_width(config, k: int) -> int:
+    """k′: option ``width``, else the rows of an ``init_rows`` file, else k."""
+    given = _given_rows(config)
+    return int(_opt(config, "width", None) or (given.width if given else k))
+
+
 def _state_numbers(config, d: int, k: int) -> tuple[int, int]:
     """(numbers of the learner state per run, numbers recorded per run and checkpoint)."""
     learner = config.learner
@@ -128,7 +148,7 @@ def _state_numbers(config, d: int, k: int) -> tuple[int, int]:
             return k * d, 2 + k
         return d + k, 1 + k
     if learner in ("scratch", "scratch-csq"):
-        width = int(_opt(config, "width", k) or k)
+        width = _network_width(config, k)
         return width * d + width, k * width + width * width + width
     if learner == "sparse":
         rows = int(_opt(config, "sparse_rows", 0) or math.ceil((k + d) / max(d, 1)))
@@ -196,12 +216,15 @@ def estimate(config, runs: int | None = None, *, engine: str | None = None,
         per_step = max(1, runs * batch * width * item)
         steps = max(1, min(MAX_CHUNK_STEPS, CHUNK_BYTES // per_step))
         examples = runs * steps * batch
-        prep = 2 * max(k, int(_opt(config, "width", k) or k)) + 4
+        prep = 2 * max(k, _network_width(config, k)) + 4
         parts["examples"] = examples * (2 * width + 2 + prep) * item + runs * batch * d * item
         streams = config.streams
         if streams == "per_run" or (streams == "auto" and device == "cpu"):
             parts["generators"] = runs * GENERATOR_BYTES
         parts["checkpoints"] = runs * cps * 8 * (TRAJECTORY_ARRAYS + 2 * rec_n)
+    given = _given_rows(config) if config.learner in ("scratch", "scratch-csq") else None
+    if given is not None:  # the file's array, held while the runs start
+        parts["given_rows"] = given.array.nbytes
     if config.instance_seeds == "per_run":
         parts["instances"] = runs * (INSTANCE_BYTES + (3 * k * k + 10 * k) * 8)
     else:

@@ -358,3 +358,16 @@ def test_sweep_reads_init_rows_next_to_the_sweep_file(tmp_path, monkeypatch):
         start = np.load(c.config["init_rows"])
         want = np.abs(start[:, :2] / np.linalg.norm(start, axis=1)[:, None]).max(0).mean()
         assert c.traj.extra["alignment"][0, 0] == pytest.approx(want, rel=1e-12)
+
+
+def test_memory_estimate_counts_the_rows_file_and_its_width(tmp_path):
+    """The budget (checked before allocation) takes k′ from the file and counts its array:
+    the same as --width k′ plus the file's bytes."""
+    from dynamics.budget import estimate
+
+    spec, _ = _explicit_spec(k=2, d=24)
+    path = _save(tmp_path, "r.npy", np.ones((3, 6, 24)))
+    given = estimate(_config(spec, path, runs=3, train_second_layer=True))
+    width = estimate(_config(spec, None, runs=3, width=6, train_second_layer=True))
+    assert given.parts.pop("given_rows") == 3 * 6 * 24 * 8
+    assert given.parts == width.parts

@@ -67,7 +67,7 @@ def _problem(path: str, what: str) -> ConfigError:
     return ConfigError("init_rows", f"{path}: {what}")
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=2)  # check, width and start read it once per run
 def _read(resolved: str, mtime_ns: int, size: int) -> tuple[np.ndarray, str]:
     data = Path(resolved).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
