@@ -68,16 +68,27 @@ def _problem(path: str, what: str) -> ConfigError:
 
 
 @lru_cache(maxsize=2)  # check, width and start read it once per run
-def _read(resolved: str, mtime_ns: int, size: int) -> tuple[np.ndarray, str]:
+def _read(resolved: str, mtime_ns: int, size: int) -> tuple[np.ndarray | None, str, str | None]:
+    """(read-only float64 array, sha256 of the bytes, problem or None): the file is read and
+    checked once per version (path, mtime, size)."""
     data = Path(resolved).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    if resolved.endswith(".npy"):
-        arr = np.load(io.BytesIO(data), allow_pickle=False)
-    else:
-        arr = np.loadtxt(resolved, ndmin=2)
-    arr = np.array(arr, dtype=np.float64)
+    try:
+        if resolved.endswith(".npy"):
+            arr = np.load(io.BytesIO(data), allow_pickle=False)
+        else:
+            arr = np.loadtxt(io.StringIO(data.decode()), ndmin=2)
+        arr = np.array(arr, dtype=np.float64)
+    except (OSError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, digest, (f"cannot read rows ({reason}); expected a .npy file or a text "
+                              "table of k′×d numbers")
+    if arr.ndim not in (2, 3) or 0 in arr.shape:
+        return None, digest, f"must hold a k′×d or R×k′×d array, got shape {arr.shape}"
+    if not np.isfinite(arr).all():
+        return None, digest, "holds NaN or infinite entries"
     arr.setflags(write=False)
-    return arr, digest
+    return arr, digest, None
 
 
 def given_rows(path: str) -> GivenRows:
@@ -87,15 +98,11 @@ def given_rows(path: str) -> GivenRows:
         raise _problem(path, "no such file" if not p.exists() else "not a file")
     try:
         st = p.stat()
-        arr, digest = _read(str(p.resolve()), st.st_mtime_ns, st.st_size)
-    except (OSError, ValueError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise _problem(path, f"cannot read rows ({reason}); expected a .npy file or a text "
-                             "table of k′×d numbers") from None
-    if arr.ndim not in (2, 3) or 0 in arr.shape:
-        raise _problem(path, f"must hold a k′×d or R×k′×d array, got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise _problem(path, "holds NaN or infinite entries")
+        arr, digest, problem = _read(str(p.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError as exc:
+        raise _problem(path, f"cannot read rows ({exc.strerror or exc})") from None
+    if problem is not None:
+        raise _problem(path, problem)
     return GivenRows(path, arr, digest)
 
 
