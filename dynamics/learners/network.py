@@ -68,29 +68,26 @@ SPARSE_SELECTIONS = ("lambda", "random")
 ROWS = ("unit", "free")
 
 
-def _rows_option():
-    return option("unit", "First-layer rows: unit (on the sphere, spherical SGD) or free "
-                          "(unconstrained, plain SGD: the committee machine).", choices=ROWS)
+@dataclass(frozen=True)
+class StartOptions(Options):
+    """The options of both from-scratch learners: the rows' kind and where they start."""
 
-
-def _init_scale_option():
-    return option(1.0, "Free rows: initial rows i.i.d. N(0, init_scale²·I/d) (‖ŵ‖ ≈ "
-                       "init_scale).", check="positive")
-
-
-def _init_rows_option():
-    return option(None, "Initial rows from a file (.npy or text): a k′×d array for every "
-                        "run or R×k′×d, one per run [default: random rows].")
-
-
-def _init_frame_option():
-    return option("auto", "Coordinates of --init-rows: those of the spec's explicit W "
-                          "(original; committee teacher), the canonical frame, or auto "
-                          "(original when W is explicit).", choices=INIT_FRAMES)
+    rows: str = option("unit", "First-layer rows: unit (on the sphere, spherical SGD) or free "
+                               "(unconstrained, plain SGD: the committee machine).",
+                       choices=ROWS)
+    init_scale: float = option(1.0, "Free rows: initial rows i.i.d. N(0, init_scale²·I/d) "
+                                    "(‖ŵ‖ ≈ init_scale).", check="positive")
+    init_rows: str | None = option(None, "Initial rows from a file (.npy or text): a k′×d "
+                                         "array for every run or R×k′×d, one per run "
+                                         "[default: random rows].")
+    init_frame: str = option("auto", "Coordinates of --init-rows: those of the spec's "
+                                     "explicit W (original; committee teacher), the canonical "
+                                     "frame, or auto (original when W is explicit).",
+                             choices=INIT_FRAMES)
 
 
 @dataclass(frozen=True)
-class ScratchOptions(Options):
+class ScratchOptions(StartOptions):
     """Options of ``scratch``."""
 
     width: int | None = option(None, "Student width k′ [default: k; another width needs "
@@ -99,20 +96,11 @@ class ScratchOptions(Options):
     train_second_layer: bool = option(False, "Also train the second layer λ̂ (plain SGD, "
                                              "step size eta_c).")
     eta_c: float | None = eta_c_option()
-    rows: str = _rows_option()
-    init_scale: float = _init_scale_option()
-    init_rows: str | None = _init_rows_option()
-    init_frame: str = _init_frame_option()
 
 
 @dataclass(frozen=True)
-class ScratchCSQOptions(Options):
+class ScratchCSQOptions(StartOptions):
     """Options of ``scratch-csq`` (λ̂ = λ fixed: the correlation loss is unbounded in λ̂)."""
-
-    rows: str = _rows_option()
-    init_scale: float = _init_scale_option()
-    init_rows: str | None = _init_rows_option()
-    init_frame: str = _init_frame_option()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ import sys
 import click
 import numpy as np
 
-from dynamics.learners.given_rows import INIT_FRAMES, given_rows
+from dynamics.learners.given_rows import given_rows
+from sims.commands.learner_flags import option_flags
 
 __all__ = ["hermite"]
 
@@ -279,23 +280,13 @@ COMMITTEE_LEARNERS = ("scratch", "scratch-csq", "sparse")
                    "--train-second-layer).")
 @click.option("--train-second-layer", is_flag=True, help="Also train λ̂ (scratch).")
 @click.option("--eta-c", type=float, default=None, help="Second-layer step size [default: eta].")
-@click.option("--rows", type=click.Choice(("unit", "free")), default="unit",
-              help="Student rows: unit (spherical SGD) or free (the committee machine; "
-                   "scratch, scratch-csq).")
-@click.option("--init-scale", type=float, default=1.0,
-              help="Free rows: initial rows i.i.d. N(0, init_scale²·I/d).")
+@option_flags("rows", "init_scale", "init_rows", "init_frame")
 @click.option("--label-noise", type=click.FloatRange(min=0), default=0.0)
 @click.option("--batch", type=click.IntRange(min=1), default=1)
 @click.option("--seed", type=int, default=0, help="Seed of run 0's random initial rows.")
 @click.option("--init-overlap", type=float, default=None,
               help="Start from orthonormal student rows with R = m·I (m = this value) "
                    "instead of the learner's random rows.")
-@click.option("--init-rows", type=click.Path(dir_okay=False), default=None,
-              help="Start from the rows in this file (.npy or text; k'×d, or R×k'×d: run "
-                   "0's), as `loradyn run --init-rows` (scratch, scratch-csq).")
-@click.option("--init-frame", type=click.Choice(INIT_FRAMES), default="auto",
-              help="Coordinates of --init-rows: the explicit W's (original), canonical, or "
-                   "auto.")
 @click.option("--checkpoints", type=click.IntRange(min=2), default=20,
               help="Number of log-spaced checkpoints.")
 @click.option("--first-order", is_flag=True, help="Drop the η² terms.")
@@ -305,7 +296,7 @@ COMMITTEE_LEARNERS = ("scratch", "scratch-csq", "sparse")
                                    "quadrature throughout.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, rows,
-                  init_scale, label_noise, batch, seed, init_overlap, init_rows, init_frame,
+                  init_scale, init_rows, init_frame, label_noise, batch, seed, init_overlap,
                   checkpoints, first_order, integrals, as_json):
     """Committee-machine ODE (hermite.committee) of a network learner alone: loss and
     alignment at log-spaced steps (and α = steps/d) from run 0's initial overlaps."""

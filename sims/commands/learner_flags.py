@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from dynamics.learners.options import OptionSpec, all_options
 
-__all__ = ["learner_flags", "given_options", "flag_name"]
+__all__ = ["learner_flags", "option_flags", "given_options", "flag_name"]
 
 
 def flag_name(name: str) -> str:
@@ -25,9 +25,20 @@ def flag_name(name: str) -> str:
 
 def learner_flags(command):
     """Decorator: add a click option per learner option, in the registry's order."""
-    for spec in reversed(list(all_options().values())):  # decorators apply bottom-up
-        command = _flag(spec)(command)
-    return command
+    return option_flags(*all_options())(command)
+
+
+def option_flags(*names: str):
+    """Decorator: the flags of the named learner options, as :func:`learner_flags` makes
+    them (for commands that take a few of them, e.g. ``loradyn hermite committee``)."""
+    specs = [all_options()[name] for name in names]
+
+    def add(command):
+        for spec in reversed(specs):  # decorators apply bottom-up
+            command = _flag(spec)(command)
+        return command
+
+    return add
 
 
 def _flag(spec: OptionSpec):
