@@ -95,16 +95,23 @@ def test_never_hit_and_horizon_are_inf(bench):
     assert cut.evaluations >= 5
 
 
+def _scratch_start(bench, learner, d, lr, runs, run):
+    """(first-order committee model, run ``run``'s initial state, fine-tuning's loss L*) of
+    ``learner`` on the benchmark's K = M = 2 instance (seed 0, ``runs`` runs drawn)."""
+    spec = bench.spec_for(2, d)
+    inst = build_instance(spec)
+    _, cross, gram, lam = bench.initial_overlaps(spec, learner, lr, runs, 0)
+    loss = "correlation" if learner == "scratch-csq" else "squared"
+    model = committee_model(inst, loss=loss, eta=lr / d, second_order=False)
+    state = committee_state(cross[run], gram[run], lam[run])
+    return model, state, bench.target_loss(inst)
+
+
 def test_first_passage_matches_fine_grid_committee_ode(bench):
     """K = M = 2 from a scratch run's own initial rows: the event-located hitting and escape
     steps agree with a DOP853 committee_ode on an α grid of spacing 0.005 (interpolated)."""
     d, lr = 50, 0.05
-    spec = bench.spec_for(2, d)
-    inst = build_instance(spec)
-    level = bench.target_loss(inst)
-    _, cross, gram, lam = bench.initial_overlaps(spec, "scratch", lr, 2, 0)
-    model = committee_model(inst, loss="squared", eta=lr / d, second_order=False)
-    state = committee_state(cross[1], gram[1], lam[1])
+    model, state, level = _scratch_start(bench, "scratch", d, lr, runs=2, run=1)
     hit = bench.ode_first_passage(model, state, level, d, alpha_max=1e3)
     assert hit.end == "hit" and 5.0 < hit.step / d < 60.0
     grid = np.arange(0.0, hit.step / d + 1.0, 0.005)
@@ -126,12 +133,7 @@ def test_stuck_at_a_stable_spurious_fixed_point(bench):
     (ε = 2 > L*); the first passage stops there as ``stuck``, and an independent longer
     integration confirms: ε stays above L* all the way, and has stopped moving."""
     d, lr = 800, 0.05
-    spec = bench.spec_for(2, d)
-    inst = build_instance(spec)
-    level = bench.target_loss(inst)
-    _, cross, gram, lam = bench.initial_overlaps(spec, "scratch-csq", lr, 1, 0)
-    model = committee_model(inst, loss="correlation", eta=lr / d, second_order=False)
-    state = committee_state(cross[0], gram[0], lam[0])
+    model, state, level = _scratch_start(bench, "scratch-csq", d, lr, runs=1, run=0)
     hit = bench.ode_first_passage(model, state, level, d, alpha_max=2e4)
     assert hit.stuck and math.isinf(hit.step) and hit.alpha_end < 2e4
     grid = np.linspace(0.0, 2.0 * hit.alpha_end, 400)
