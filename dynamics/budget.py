@@ -126,9 +126,14 @@ def _given_rows(config):
 
 
 def _network_width(config, k: int) -> int:
-    """k′: option ``width``, else the rows of an ``init_rows`` file, else k."""
-    given = _given_rows(config)
-    return int(_opt(config, "width", None) or (given.width if given else k))
+    """k′ as the network learners resolve it (``student_width``: ``width``, else the rows of
+    an ``init_rows`` file, else k); k where that file cannot be read (validation says so)."""
+    from .errors import ConfigError
+    from .learners.network import student_width
+    try:
+        return student_width(config, k)
+    except ConfigError:
+        return k
 
 
 def _state_numbers(config, d: int, k: int) -> tuple[int, int]:
