@@ -3,7 +3,7 @@
 Both the full engine (``Finetune.trajectory``) and the reduced rank-1 chain
 (``dynamics.reduced.simulate``) hand their checkpoint records to :func:`rank_one_trajectory`,
 so the two report the same observables: loss (:mod:`dynamics.losses`), theory curves
-(:mod:`dynamics.theory_overlay`) and, with ``config.refit``, the refit losses
+(:mod:`dynamics.theory_overlay`) and, with ``config.options.refit``, the refit losses
 (:mod:`dynamics.refit`, App. F.2).
 """
 
@@ -25,10 +25,10 @@ def rank_one_trajectory(result: RunResult) -> Trajectory:
 
     ``result.records``: ``overlap`` (R, C); ``c_hat`` (R, C, k) when ĉ is trained (else absent
     or None); ``coords`` (R, C, k+2) of û in span(W) ⊕ e ⊕ rest, needed for the Monte Carlo
-    loss and for ``config.refit``. Records from the step a run diverged on are NaN; the loss
+    loss and for ``config.options.refit``. Records from the step a run diverged on are NaN; the loss
     follows :func:`~dynamics.losses.exact_loss` / :func:`~dynamics.losses.monte_carlo_loss`,
     the theory curves :func:`~dynamics.theory_overlay.theory_records` (not masked); with
-    ``config.refit``, ``extra`` holds :func:`~dynamics.refit.refit_records`.
+    ``config.options.refit``, ``extra`` holds :func:`~dynamics.refit.refit_records`.
     """
     config, instances, rec = result.config, result.instances, result.records
     overlap = mask_dead(result, np.asarray(rec["overlap"]))
@@ -44,6 +44,6 @@ def rank_one_trajectory(result: RunResult) -> Trajectory:
         coords = mask_dead(result, coords)
         ch = c_hats if c_hats is not None else np.stack([i.c_hat for i in instances])
         loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
-    extra = refit_records(config, instances, coords, result.dead) if config.refit else {}
+    extra = refit_records(config, instances, coords, result.dead) if config.options.refit else {}
     return make_trajectory(result, overlap, loss, loss_kind=kind, c_overlap=c_ov, extra=extra,
                            theory=theory_records(config, instances, result.m0, result.steps))

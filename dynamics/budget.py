@@ -36,18 +36,16 @@ fit.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
+
+from .chunking import chunk_steps, row_width
 
 __all__ = ["Estimate", "MemoryBudgetError", "estimate", "available_memory", "max_runs",
            "check_memory", "format_bytes", "FRACTION", "GENERATOR_BYTES"]
 
 FRACTION = 0.9  # of the available memory a request may use
 GENERATOR_BYTES = 2700  # one torch CPU generator (mt19937 state), measured
-CHUNK_BYTES = 32 * 2**20  # as in dynamics.sampling
-MAX_CHUNK_STEPS = 256
-ALIGN = 16
 TRAJECTORY_ARRAYS = 16  # (R, C) float64 arrays alive while the trajectory is assembled
 INSTANCE_BYTES = 4096  # Python overhead of one resolved instance
 DEVICE_PARTS = ("state", "examples")
@@ -91,14 +89,6 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _opt(config, name, default):
-    try:
-        value = getattr(config, name)
-    except (AttributeError, ValueError):
-        return default
-    return default if value is None else value
-
-
 def _dims(config) -> tuple[int, int]:
     inst = config.instance
     d = int(inst.get("d") or 0)
@@ -112,56 +102,39 @@ def _dims(config) -> tuple[int, int]:
     return d, int(k or 1)
 
 
-def _given_rows(config):
-    """The ``init_rows`` file's rows (None: none given, or unreadable: validation says so)."""
-    path = _opt(config, "init_rows", None)
-    if path is None:
-        return None
-    from .errors import ConfigError
-    from .learners.given_rows import given_rows
+def _learner(config):
+    """The config's learner class (the base ``Learner``'s defaults for an unknown one or a
+    config whose options are not its learner's: validation names those)."""
+    from .learners import get_learner
+    from .learners.base import Learner
+
     try:
-        return given_rows(path)
+        learner = get_learner(config.learner)
+    except (ValueError, ImportError):
+        return Learner
+    return learner if type(config.options) is learner.Options else Learner
+
+
+def _memory(learner, config, d: int, k: int):
+    """The learner's declared memory (the defaults where its options cannot say yet: an
+    unreadable ``init_rows`` file, which validation names)."""
+    from .errors import ConfigError
+    from .learners.base import Learner
+
+    try:
+        return learner.memory(config, d, k)
+    except ConfigError:
+        return Learner.memory(config, d, k)
+
+
+def _given_rows(learner, config):
+    """The array of the rows file the runs start from (None: none, or unreadable)."""
+    from .errors import ConfigError
+
+    try:
+        return learner.given_rows(config)
     except ConfigError:
         return None
-
-
-def _network_width(config, k: int) -> int:
-    """k′ as the network learners resolve it (``student_width``: ``width``, else the rows of
-    an ``init_rows`` file, else k); k where that file cannot be read (validation says so)."""
-    from .errors import ConfigError
-    from .learners.network import student_width
-    try:
-        return student_width(config, k)
-    except ConfigError:
-        return k
-
-
-def _state_numbers(config, d: int, k: int) -> tuple[int, int]:
-    """(numbers of the learner state per run, numbers recorded per run and checkpoint)."""
-    learner = config.learner
-    if learner in ("finetune",):
-        rec = 1 + (k if _opt(config, "joint_c", False) else 0) + (
-            0 if _opt(config, "project", True) else k + 2)
-        return d + k, rec
-    if learner == "lora":
-        r = int(_opt(config, "rank", 1))
-        rec = r * r + (k * r if _opt(config, "joint_c", False) else 0) + (
-            0 if _opt(config, "project", True) else k * r)
-        return d * r + k * r, rec
-    if learner == "linearized":
-        if _opt(config, "full_rank", False):
-            return k * d, 2 + k
-        return d + k, 1 + k
-    if learner in ("scratch", "scratch-csq"):
-        width = _network_width(config, k)
-        return width * d + width, k * width + width * width + width
-    if learner == "sparse":
-        rows = int(_opt(config, "sparse_rows", 0) or math.ceil((k + d) / max(d, 1)))
-        return rows * d + k, k * k + k * k + k
-    if learner == "moment":
-        order = int(_opt(config, "moment_order", 1))
-        return (d if order == 1 else (d - k) ** 2) + 1, 1
-    return d + k, 1 + k  # glm and anything new: one direction
 
 
 def _checkpoints(config) -> int:
@@ -208,7 +181,9 @@ def estimate(config, runs: int | None = None, *, engine: str | None = None,
     engine = engine or _engine(config)
     device = _device(config)
     cps = checkpoints if checkpoints is not None else _checkpoints(config)
-    state_n, rec_n = _state_numbers(config, d, k)
+    learner = _learner(config)
+    mem = _memory(learner, config, d, k)
+    state_n, rec_n = mem.state, mem.records
     parts = {}
     if engine == "reduced":
         parts["state"] = runs * (k + 8) * 8 * 2
@@ -216,18 +191,15 @@ def estimate(config, runs: int | None = None, *, engine: str | None = None,
     else:
         problem = runs * (8 * k + 4) * (8 + item)
         parts["state"] = runs * state_n * (2 * item + 8) + problem
-        extra = int(_opt(config, "label_noise", 0.0) > 0)
-        width = ALIGN * math.ceil((d + extra) / ALIGN)
-        per_step = max(1, runs * batch * width * item)
-        steps = max(1, min(MAX_CHUNK_STEPS, CHUNK_BYTES // per_step))
-        examples = runs * steps * batch
-        prep = 2 * max(k, _network_width(config, k)) + 4
-        parts["examples"] = examples * (2 * width + 2 + prep) * item + runs * batch * d * item
+        width = row_width(d, int((config.label_noise or 0) > 0))
+        examples = runs * chunk_steps(runs, batch, width, item) * batch
+        parts["examples"] = (examples * (2 * width + 2 + mem.prepared) * item
+                             + runs * batch * d * item)
         streams = config.streams
         if streams == "per_run" or (streams == "auto" and device == "cpu"):
             parts["generators"] = runs * GENERATOR_BYTES
         parts["checkpoints"] = runs * cps * 8 * (TRAJECTORY_ARRAYS + 2 * rec_n)
-    given = _given_rows(config) if config.learner in ("scratch", "scratch-csq") else None
+    given = _given_rows(learner, config)
     if given is not None:  # the file's array, held while the runs start
         parts["given_rows"] = given.array.nbytes
     if config.instance_seeds == "per_run":

@@ -2,10 +2,10 @@
 
 A :class:`RunConfig` holds the settings every run shares and, in ``options``, the chosen
 learner's own options (``dynamics.learners.options``: each learner declares them as a
-dataclass). Options are also given and read flat: ``RunConfig(..., learner="lora", rank=2)``,
-``config.rank``. An option the learner does not take is a :class:`ForeignOptionError` unless
-it has its default value (then it changes nothing and is dropped), and reads as its default
-(what that learner does: ``finetune`` is rank 1).
+dataclass). Options are given flat (``RunConfig(..., learner="lora", rank=2)``) and read
+through the typed options (``config.options.rank``). An option the learner does not take is a
+:class:`ForeignOptionError` unless it has its default value (then it changes nothing and is
+dropped).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .instance import Instance, build_instance
 from .learners.network import SPARSE_SELECTIONS
 from .learners.options import INITS, Options, all_options, learner_options, options_of
 from .learners.registry import LEARNERS as _LEARNER_REGISTRY
-from .learners.registry import get_learner
+from .learners.registry import get_learner, learns_teacher, runs_convention
 
 __all__ = ["RunConfig", "ConfigError", "ForeignOptionError", "LEARNERS", "ENGINES", "INITS",
            "CHECKPOINT_SPACINGS", "SPARSE_SELECTIONS", "STREAMS"]
@@ -27,6 +27,10 @@ LEARNERS = tuple(_LEARNER_REGISTRY)
 ENGINES = ("full", "reduced", "auto")
 CHECKPOINT_SPACINGS = ("log", "linear")
 STREAMS = ("auto", "per_run", "shared", "counter")
+
+
+def _quoted(names, sep: str = ", ") -> str:
+    return sep.join(f"'{n}'" for n in names) if names else "no learner"
 
 
 @dataclass(init=False)
@@ -107,22 +111,16 @@ class RunConfig:
         else:
             self.options = learner_options(self.learner, options, given)
 
-    def __getattr__(self, name):
-        """A learner option, read flat (``config.rank``); one the learner does not take
-        reads as its default."""
-        if name.startswith("__") or name not in all_options():
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(self.__dict__.get("options"), name, all_options()[name].default)
-
     def __setattr__(self, name, value):
         if name in all_options():
             raise AttributeError(f"{name!r} is a learner option: use "
                                  f"dataclasses.replace(config, {name}=...)")
         super().__setattr__(name, value)
 
-    def validate(self) -> RunConfig:
+    def validate(self, instance: Instance | None = None) -> RunConfig:
         """Check every field; raise :class:`ConfigError` naming the first bad one (the
-        learner's options checked themselves on construction)."""
+        learner's options checked themselves on construction). ``instance``: the spec's
+        instance when the caller built it already (not built again)."""
         if self.learner not in LEARNERS:
             raise ConfigError("learner", f"unknown learner {self.learner!r}; valid: "
                                          f"{', '.join(LEARNERS)}")
@@ -157,7 +155,7 @@ class RunConfig:
             if self.runs % len(self.xi_values):
                 raise ConfigError("runs", f"{self.runs} runs cannot be split evenly over "
                                           f"{len(self.xi_values)} values of ξ")
-        base = build_instance(self.instance)  # raises SpecError naming the key
+        base = build_instance(self.instance) if instance is None else instance  # SpecError
         if base.d is None:
             raise ConfigError("instance", "key 'd' is required to simulate")
         try:
@@ -168,27 +166,36 @@ class RunConfig:
         if type(self.options) is not learner.Options:
             raise ConfigError("options", f"must be {learner.Options.__name__} (the options of "
                                          f"{self.learner!r}), got {type(self.options).__name__}")
-        if not base.unit_rows and self.learner != "finetune":  # before the learner's checks,
+        if base.convention not in learner.conventions:  # before the learner's checks,
             # which may evaluate unit-row theory
             raise ConfigError("learner", f"the App. B convention {base.convention!r} is "
-                                         f"supported by 'finetune' only, not {self.learner!r}")
-        if base.committee and self.learner not in ("scratch", "scratch-csq"):
-            raise ConfigError("learner", f"a committee teacher (instance teacher = "
-                                         f"'committee') is learnt from scratch: learner "
-                                         f"scratch or scratch-csq, not {self.learner!r}")
+                                         f"supported by {_quoted(runs_convention(base))} "
+                                         f"only, not {self.learner!r}")
+        if base.teacher not in learner.teachers:
+            raise ConfigError("learner", f"a {base.teacher} teacher (instance teacher = "
+                                         f"{base.teacher!r}) is learnt by learner "
+                                         f"{_quoted(learns_teacher(base), ' or ')}, not "
+                                         f"{self.learner!r}")
         learner.check(self, base)
         return self
 
     @property
     def step_size_c(self) -> float:
-        return self.eta if self.eta_c is None else self.eta_c
+        """The second layer's step size: the option ``eta_c`` where the learner takes it and
+        it is set, else η."""
+        eta_c = getattr(self.options, "eta_c", None)
+        return self.eta if eta_c is None else eta_c
 
-    def run_instances(self) -> list[Instance]:
-        """The instance of every run (length R), honouring instance_seeds and xi_values."""
+    def run_instances(self, base: Instance | None = None) -> list[Instance]:
+        """The instance of every run (length R), honouring instance_seeds and xi_values; each
+        distinct one built once (``base``: the spec's own instance, if already built, is
+        reused for the runs it serves)."""
         out = []
         per_xi = self.runs // len(self.xi_values) if self.xi_values else self.runs
         base_seed = int(self.instance.get("seed", 0) or 0)
         cache: dict = {}
+        if base is not None:
+            cache[(self.instance.get("seed"), self.instance.get("xi"))] = base
         for r in range(self.runs):
             spec = dict(self.instance)
             if self.instance_seeds == "per_run":

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .budget import check_memory
 from .config import RunConfig
 from .learners import Problem, RunResult, get_learner
 from .learners.directions import initial_directions
+from .resolve import ResolvedRun, choose_engine, resolve_run
 from .sampling import NoiseSource, resolve_device, resolve_dtype
 from .trajectory import Trajectory, checkpoint_steps
 
@@ -31,32 +31,21 @@ __all__ = ["simulate", "simulate_full", "FullRun", "choose_engine", "initial_dir
            "chunk_schedule", "iter_chunk_schedule"]
 
 
-def choose_engine(config: RunConfig) -> str:
-    """``full`` or ``reduced`` for this config (``auto``: reduced when it supports it)."""
-    if config.engine != "auto":
-        return config.engine
-    try:
-        from .reduced import reduced_supported
-    except ImportError:
-        return "full"
-    ok, _why = reduced_supported(config)
-    return "reduced" if ok else "full"
+def simulate(config, progress: bool = False) -> Trajectory:
+    """Run ``config`` on the engine it names; same config → same numbers.
 
-
-def simulate(config: RunConfig, progress: bool = False) -> Trajectory:
-    """Run ``config`` (validated here) on the engine it names; same config → same numbers.
-
-    Before anything is allocated, :func:`dynamics.budget.check_memory` refuses a request that
-    cannot fit in the available memory (MemoryBudgetError, one line: what fits).
+    ``config``: a :class:`RunConfig` (resolved here: validated, instances built, memory
+    checked) or a :class:`~dynamics.resolve.ResolvedRun` a command resolved already (nothing
+    is validated or built again). Before anything is allocated,
+    :func:`dynamics.budget.check_memory` refuses a request that cannot fit in the available
+    memory (MemoryBudgetError, one line: what fits).
     """
-    config.validate()
-    engine = choose_engine(config)
-    check_memory(config, engine=engine)
-    if engine == "reduced":
-        from .reduced import simulate_reduced
+    run = config if isinstance(config, ResolvedRun) else resolve_run(config)
+    if run.engine == "reduced":
+        from .reduced import simulate_resolved
 
-        return simulate_reduced(config)
-    return simulate_full(config, progress=progress)
+        return simulate_resolved(run)
+    return FullRun(run.config, instances=run.run_instances).run(progress)
 
 
 class _Records:
@@ -130,14 +119,15 @@ def chunk_schedule(steps: np.ndarray, chunk: int) -> list[tuple[int, bool]]:
 class FullRun:
     """One batch of R runs on the full engine: built from a config, advanced by :meth:`run`.
 
-    Fields: ``config``, ``instances`` (per run), ``problem``, ``learner``, ``state``
+    ``instances``: the runs' resolved instances (default: built from the config). Fields:
+    ``config``, ``instances`` (per run), ``problem``, ``learner``, ``state``
     (the learner state, final after :meth:`run`), ``m0`` (R,), ``steps`` (checkpoints).
     """
 
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig, instances: list | None = None):
         self.config = config
         self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-        self.instances = config.run_instances()
+        self.instances = config.run_instances() if instances is None else list(instances)
         self.problem = Problem.from_instances(self.instances, self.device, self.dtype)
         self.learner = get_learner(config.learner).from_config(config, self.problem)
         self.state, self.m0 = self.learner.initial_state(config, self.instances)

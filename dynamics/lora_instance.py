@@ -300,6 +300,6 @@ def run_lora_instances(config, instances=None) -> list[LoraInstance]:
     out = []
     for inst in instances:
         if id(inst) not in cache:
-            cache[id(inst)] = build_lora_instance(inst, config.rank, opts)
+            cache[id(inst)] = build_lora_instance(inst, config.options.rank, opts)
         out.append(cache[id(inst)])
     return out

@@ -35,7 +35,7 @@ _EVAL_BLOCK = 2**22  # elements per Monte Carlo block (memory bound)
 
 def loss_kind(config) -> str:
     """``exact`` when û stays ⊥ span W (projected) with unit rows, else ``monte_carlo``."""
-    return LOSS_EXACT if config.project and unit_rows(config) else LOSS_MONTE_CARLO
+    return LOSS_EXACT if config.options.project and unit_rows(config) else LOSS_MONTE_CARLO
 
 
 def exact_loss(instances: list[Instance], overlap: np.ndarray,

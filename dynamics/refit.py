@@ -164,7 +164,7 @@ def refit_records(config, instances, coords: np.ndarray, dead: np.ndarray) -> di
     for inst, idx in group_runs(instances):
         base[idx] = base_loss(inst)
         for r in idx:
-            x, noise = refit_sample(config.seed, int(r), inst.k, config.refit_samples,
+            x, noise = refit_sample(config.seed, int(r), inst.k, config.options.refit_samples,
                                     config.label_noise)
             ok = ~np.asarray(dead[r], dtype=bool) & np.isfinite(coords[r]).all(-1)
             if not ok.any():

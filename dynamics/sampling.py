@@ -29,11 +29,13 @@ same, the draws are not, and a number costs ~3 ns against ~18 ns for torch's flo
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+
+from .chunking import chunk_steps as default_chunk_steps
+from .chunking import row_width
 
 __all__ = [
     "STREAMS",
@@ -46,9 +48,6 @@ __all__ = [
 ]
 
 STREAMS = {"init": 0, "data": 1, "eval": 2, "refit": 3, "data_shared": 4}
-ALIGN = 16  # torch's CPU normal_ works in blocks of 16 numbers
-CHUNK_BYTES = 32 * 2**20  # target size of the example buffer
-MAX_CHUNK_STEPS = 256
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -111,10 +110,10 @@ class NoiseSource:
                  counter: bool = False):
         if counter and device.type != "cpu":
             raise ValueError("streams 'counter' are CPU only (use per_run or shared)")
-        self.width, self.batch = ALIGN * math.ceil((d + extra) / ALIGN), batch
-        per_step = runs * batch * self.width * torch.empty((), dtype=dtype).element_size()
-        self.chunk_steps = int(chunk_steps or max(1, min(MAX_CHUNK_STEPS,
-                                                         CHUNK_BYTES // per_step)))
+        self.width, self.batch = row_width(d, extra), batch
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.chunk_steps = int(chunk_steps or default_chunk_steps(runs, batch, self.width,
+                                                                  itemsize))
         shape = (runs, self.chunk_steps, batch)
         self.buffers = [torch.empty((*shape, self.width), dtype=dtype, device=device)
                         for _ in range(2)]

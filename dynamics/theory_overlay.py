@@ -31,7 +31,7 @@ FINITE_D_MAX_ETA_D = 10.0  # beyond η·d ≈ 10 SGD is far past its noise floor
 def theory_applies(config) -> bool:
     """Whether the population ODE of m is exact for this learner (projected, ĉ frozen, unit
     rows)."""
-    return config.project and not config.joint_c and unit_rows(config)
+    return config.options.project and not config.options.joint_c and unit_rows(config)
 
 
 def record_theory(config, instances: list[Instance], m0: np.ndarray,
@@ -47,10 +47,11 @@ def record_theory(config, instances: list[Instance], m0: np.ndarray,
     return out
 
 
-def finite_d_applies(config) -> bool:
+def finite_d_applies(config, d: int | None = None) -> bool:
     """Whether the noise-corrected ODE and band are recorded: frozen ĉ, projected, b = 1 and
-    η·d ≤ ``FINITE_D_MAX_ETA_D`` (the finite-d map is an expansion in η with ηd = O(1))."""
-    d = build_instance(config.instance).d
+    η·d ≤ ``FINITE_D_MAX_ETA_D`` (the finite-d map is an expansion in η with ηd = O(1));
+    ``d``: the runs' dimension (default: the spec's)."""
+    d = build_instance(config.instance).d if d is None else d
     return (theory_applies(config) and config.batch == 1 and config.finite_d_theory
             and config.eta * d <= FINITE_D_MAX_ETA_D)
 
@@ -65,7 +66,7 @@ def theory_records(config, instances: list[Instance], m0: np.ndarray,
     ``hermite.theory_band`` (mixture over the group's m₀).
     """
     out = {"ode": record_theory(config, instances, m0, steps)}
-    if not finite_d_applies(config):
+    if not finite_d_applies(config, instances[0].d):
         return out
 
     shape = (len(instances), len(steps))

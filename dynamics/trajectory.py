@@ -50,6 +50,8 @@ class Trajectory:
     m0 : (R,) initial overlap ⟨û₀, u⟩ of each run (the ODE's starting point), if known.
     extra_attrs : ``extra`` name → attributes written on that HDF5 dataset (how a theory
         extra was computed, e.g. the committee ODE's ``order``).
+    instances : the resolved instance of every run (length R) when the trajectory comes
+        from an engine (the writer stores them with the config; not read back from files).
     """
 
     steps: np.ndarray
@@ -70,6 +72,7 @@ class Trajectory:
     band_lower: np.ndarray | None = None
     band_upper: np.ndarray | None = None
     extra_attrs: dict = field(default_factory=dict)
+    instances: list | None = field(default=None, repr=False, compare=False)
 
     @property
     def runs(self) -> int:
@@ -166,5 +169,5 @@ def make_trajectory(result: RunResult, overlap: np.ndarray, loss: np.ndarray, *,
         c_overlap=None if c_overlap is None else masked(c_overlap), loss_kind=loss_kind,
         dtype=result.dtype or result.config.dtype, device=str(result.device),
         engine=result.engine, extra={n: masked(a) for n, a in (extra or {}).items()},
-        m0=result.m0, extra_attrs=dict(extra_attrs or {}),
+        m0=result.m0, extra_attrs=dict(extra_attrs or {}), instances=list(inst),
     )

@@ -124,7 +124,7 @@ def test_cli_json_matches_the_recorded_ode_of_run_0(spec_file):
     (["--eta", "-1", "--steps", "10"], 2, "--eta"),
     (["--eta", "0.01", "--steps", "10", "--init-overlap", "2"], 1, "--init-overlap 2"),
     (["--eta", "0.01", "--steps", "10", "--learner", "sparse", "--width", "3"], 1,
-     "scratch options"),
+     "--width is not an option of learner 'sparse'"),
     (["--eta", "0.01", "--steps", "10", "--width", "0"], 2, "--width"),
     (["--eta", "0.01", "--steps", "10", "--learner", "glm"], 2, "--learner"),
 ])

@@ -434,7 +434,7 @@ def test_cli_free_rows_json_matches_the_recorded_ode(nn2pp_spec, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--rows", "free", "--learner", "sparse"], "scratch/scratch-csq options"),
+    (["--rows", "free", "--learner", "sparse"], "--rows is not an option of learner 'sparse'"),
     (["--rows", "free", "--init-scale", "0"], "init_scale"),
     (["--integrals", "closed", "--learner", "scratch"], None),
 ])

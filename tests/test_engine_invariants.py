@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from dynamics import chunking, engine, learners, sampling
 from dynamics import config as config_mod
-from dynamics import engine, learners, sampling
 from dynamics.config import RunConfig
 from dynamics.engine import FullRun, chunk_schedule, simulate
 
@@ -68,7 +68,7 @@ def test_same_config_same_numbers():
 def test_chunking_and_checkpoints_do_not_change_the_numbers(monkeypatch):
     """Same examples whatever the chunking; only the exact renormalisation points move (ulps)."""
     ref = simulate(_config(checkpoints=4))
-    monkeypatch.setattr(sampling, "MAX_CHUNK_STEPS", 7)
+    monkeypatch.setattr(chunking, "MAX_CHUNK_STEPS", 7)
     other = simulate(_config(checkpoints=30))
     assert sampling.NoiseSource(0, 1, 1, 24, device=torch.device("cpu"),
                                 dtype=torch.float64).chunk_steps == 7
@@ -191,8 +191,9 @@ def test_registry_and_dispatch(monkeypatch):
     assert tuple(learners.LEARNERS) == config_mod.LEARNERS
     calls = []
     fake = types.ModuleType("dynamics.reduced")
-    fake.simulate_reduced = lambda cfg: calls.append(cfg.engine) or "reduced-trajectory"
-    fake.reduced_supported = lambda cfg: (cfg.project, "" if cfg.project else "unprojected")
+    fake.simulate_resolved = lambda run: calls.append(run.config.engine) or "reduced-trajectory"
+    fake.reduced_supported = lambda cfg: (cfg.options.project,
+                                          "" if cfg.options.project else "unprojected")
     monkeypatch.setitem(sys.modules, "dynamics.reduced", fake)
     assert simulate(_config(engine="reduced")) == "reduced-trajectory"
     assert simulate(_config(engine="auto")) == "reduced-trajectory"

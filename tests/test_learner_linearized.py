@@ -300,7 +300,7 @@ def test_losses_match_independent_monte_carlo(variant):
     run, traj = _run(cfg)
     inst = run.instances[0]
     for r in range(cfg.runs):
-        if cfg.full_rank:
+        if cfg.options.full_rank:
             delta = run.state.delta[r]
         else:
             delta = _rank1_delta(inst, run.state, r)

@@ -75,8 +75,8 @@ def test_own_options_are_kept_and_foreign_defaults_dropped(learner):
     cfg = RunConfig(instance=SPEC, learner=learner, **own, **foreign_defaults)
     assert isinstance(cfg.options, get_learner(learner).Options)
     assert dataclasses.asdict(cfg.options) == {n: own[n] for n in _own(learner)}
-    for name, default in foreign_defaults.items():  # read flat: the default
-        assert getattr(cfg, name) == default
+    for name in foreign_defaults:  # dropped: neither on the options nor flat
+        assert not hasattr(cfg.options, name) and not hasattr(cfg, name)
 
 
 def test_bad_option_values_name_the_option():
@@ -91,9 +91,14 @@ def test_bad_option_values_name_the_option():
         assert "\n" not in str(err.value)
 
 
-def test_options_read_flat_and_are_replaced_not_set():
+def test_options_read_typed_and_are_replaced_not_set():
     cfg = RunConfig(instance=SPEC, learner="lora", rank=2, joint_c=True)
-    assert (cfg.rank, cfg.joint_c, cfg.step_size_c, cfg.full_rank) == (2, True, cfg.eta, False)
+    o = cfg.options
+    assert (o.rank, o.joint_c, cfg.step_size_c) == (2, True, cfg.eta)
+    with pytest.raises(AttributeError):  # no flat reading: options belong to the learner
+        _ = cfg.rank
+    with pytest.raises(AttributeError):
+        _ = cfg.options.full_rank  # linearized's option, not lora's
     with pytest.raises(AttributeError, match="replace"):
         cfg.rank = 3
     with pytest.raises(AttributeError):
@@ -136,13 +141,14 @@ def _old_flat(**changes) -> dict:
 
 def test_an_old_flat_config_reads():
     cfg = RunConfig.from_dict(_old_flat(joint_c=True, eta_c=0.01))
-    assert cfg.learner == "finetune" and cfg.joint_c is True and cfg.eta_c == 0.01
+    assert cfg.learner == "finetune" and cfg.options.joint_c is True
+    assert cfg.options.eta_c == 0.01
     assert set(cfg.to_dict()) == set(_old_flat()) - {"resolved_instances", "full_rank",
                                                      "width", "train_second_layer",
                                                      "moment_order", "sparse_rows",
                                                      "sparse_select", "rank", "retraction"}
     lora = RunConfig.from_dict(_old_flat(learner="lora", rank=2, retraction="qr"))
-    assert (lora.rank, lora.retraction) == (2, "qr")
+    assert (lora.options.rank, lora.options.retraction) == (2, "qr")
     moment = RunConfig.from_dict(_old_flat(learner="moment", moment_order=2))
     assert dataclasses.asdict(moment.options) == {"moment_order": 2}
     with pytest.raises(ForeignOptionError, match="learner 'finetune' takes no option 'rank'"):

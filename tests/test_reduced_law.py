@@ -59,7 +59,7 @@ def test_reduced_matches_full_engine_in_law(setting):
     red = simulate_reduced(config)
     assert red.engine == "reduced" and (red.diverged_step < 0).all()
     _compare(full.overlap, red.overlap, "overlap")
-    if config.joint_c:
+    if config.options.joint_c:
         # same instance ⇒ same ĉ₀ in every run of both engines: exact at checkpoint 0
         np.testing.assert_allclose(full.c_overlap[:, 0], red.c_overlap[:, 0], rtol=1e-12,
                                    err_msg="c_overlap at step 0 differs between engines")

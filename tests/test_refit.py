@@ -121,7 +121,7 @@ def test_least_squares_fit_matches_numpy_lstsq_in_full_d(label_noise):
     cfg = RunConfig(instance=spec, refit=True, refit_samples=3000,
                     seed=11, runs=2, label_noise=label_noise)
     run = 1
-    x_red, noise = refit.refit_sample(cfg.seed, run, k, cfg.refit_samples, label_noise)
+    x_red, noise = refit.refit_sample(cfg.seed, run, k, cfg.options.refit_samples, label_noise)
     # embed: coordinates 0..k as drawn, the (k+1)-th along û's unit rest direction
     rest = u_hat[k + 1:] / np.linalg.norm(u_hat[k + 1:])
     g = np.random.default_rng(9).standard_normal((len(x_red), d - k - 1))

@@ -61,7 +61,7 @@ def test_config_and_instance_axes_and_instance_seed():
     cells = s.cells()
     assert len(cells) == 128
     c = cells[-1]
-    assert c.config.joint_c is False and c.config.project is False
+    assert c.config.options.joint_c is False and c.config.options.project is False
     assert c.config.instance["seed"] == 4 and c.config.seed == 1
     assert c.config.instance["W"] == "separated" and c.config.instance["u_alpha"] == 0.5
 
@@ -80,7 +80,7 @@ def test_batches_group_cells_that_differ_in_xi_or_instance_seed_only():
     batches = plan_batches(cells)
     assert len(batches) == 2
     assert all(len(b.cells) == 4 for b in batches)
-    assert {c.config.joint_c for c in batches[0].cells} == {True}
+    assert {c.config.options.joint_c for c in batches[0].cells} == {True}
     assert batches[0].offsets == [0, 2, 4, 6]
     config = batches[0].config
     assert config.runs == 8 and len(config.run_instances()) == 8

@@ -17,10 +17,28 @@ leading run axis (:class:`TensorState`); the engine drives it chunk by chunk:
 ``initial_state(config, instances)`` returns (state, m₀) where m₀ (R,) is the initial overlap
 (NaN where the learner has none). ``sample_gradients`` gives per-example gradients for the
 autograd tests; ``step``/``step_`` apply one step to one batch of examples.
+
+What the rest of loradyn asks of a learner without building one (class attributes and
+classmethods; the learner's file is the one place they are stated, nothing outside it
+switches on a learner's name):
+
+* ``name``, ``Options`` (:mod:`.options`), ``family`` (:data:`FAMILIES`);
+* ``teachers`` / ``conventions``: the instance teachers it learns and the row conventions it
+  runs (``RunConfig.validate`` refuses others);
+* ``exact_chain()``: its exact reduced chain (:class:`dynamics.reduced.exact_chain.ExactChain`)
+  or None;
+* ``memory(config, d, k)``: the numbers it holds per run (:class:`Memory`;
+  ``dynamics.budget``), ``width(config, k)`` its number of student neurons and
+  ``given_rows(config)`` the rows file it starts from (or None);
+* ``takes_step_size``, ``has_population_ode``, ``committee_loss`` (network learners: the
+  loss of the committee ODE beside their curves, else None), ``diagonal_alignment``;
+* ``step_limit(config, instance)``: the stability limit of η its theory gives (or None);
+* ``variant(config)`` / ``label(config)``: how figures and titles name a run of it.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, fields
 
 import torch
@@ -28,7 +46,22 @@ import torch
 from ..trajectory import RunResult, make_trajectory, mask_dead
 from .options import Options
 
-__all__ = ["TensorState", "Learner", "RunResult", "mask_dead", "make_trajectory"]
+__all__ = ["TensorState", "Learner", "Memory", "FAMILIES", "RunResult", "mask_dead",
+           "make_trajectory"]
+
+#: what a learner trains: a low-rank update of W (rank 1 or r, or its linearisation), a single
+#: index on the whole sphere, a whole two-layer network, or no training (an estimator)
+FAMILIES = ("low-rank", "single-index", "network", "estimator")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Numbers a learner holds per run on the full engine: its ``state``, what it records at
+    every checkpoint (``records``) and what it prepares per example (``prepared``)."""
+
+    state: int
+    records: int
+    prepared: int
 
 
 @dataclass
@@ -67,8 +100,71 @@ class Learner:
 
     name = "?"
     Options = Options
+    family = "low-rank"
+    teachers = ("finetune",)  # instance teachers it learns (``Instance.teacher``)
+    conventions = ("unit",)  # row conventions it runs (``Instance.convention``)
+    takes_step_size = True  # False: η means nothing to it (no default-η note)
+    has_population_ode = True  # an ODE of its overlap exists (where its options allow one)
+    committee_loss = None  # "squared" | "correlation": a committee ODE goes beside its curves
+    named_in_titles = True  # titles say its name (False: the default learner's variant only)
+    diagonal_alignment = False  # alignment: mean ⟨vᵢ, ŵᵢ⟩ (True) or mean maxⱼ |cos(vᵢ, ŵⱼ)|
     noise_sd = 0.0  # standard deviation of the label noise the learner adds
     sqnorm_columns = None  # (lo, hi): columns whose squared norm per example a step needs
+
+    #: its exact reduced chain as (module, class), imported on first use like the registry's
+    #: entries (a chain builds on its learner's code, so no import points back), or None
+    chain = None
+
+    # ------------------------------------------------------------------ declarations
+    @classmethod
+    def exact_chain(cls):
+        """Its exact reduced chain (an ``ExactChain``, from ``chain``), or None (full engine
+        only)."""
+        if cls.chain is None:
+            return None
+        module, name = cls.chain
+        return getattr(importlib.import_module(module), name)()
+
+    @classmethod
+    def width(cls, config, k: int) -> int:
+        """Student neurons (k: the base network's; network learners: k′)."""
+        return k
+
+    @classmethod
+    def given_rows(cls, config):
+        """The initial rows file the runs start from (``GivenRows``), or None."""
+        return None
+
+    @classmethod
+    def memory(cls, config, d: int, k: int) -> Memory:
+        """Numbers held per run (state: one direction and a k-vector by default)."""
+        return Memory(state=d + k, records=1 + k, prepared=2 * k + 4)
+
+    @classmethod
+    def step_limit(cls, config, instance):
+        """The largest stable η its theory gives for ``instance`` (a
+        ``hermite.stability.StepLimit``), or None where it has none."""
+        return None
+
+    @classmethod
+    def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
+        """What sets a run apart within this learner, from a config dict (a trajectory
+        file's ``config``, or ``RunConfig.to_dict()``); ``frozen_c`` names a frozen ĉ."""
+        return ""
+
+    @classmethod
+    def label(cls, config, frozen_c: str = ", frozen ĉ") -> str:
+        """``name, variant`` (the variant alone where ``named_in_titles`` is False): how a
+        title names a run of this learner."""
+        variant = cls.variant(config, frozen_c)
+        if not cls.named_in_titles:
+            return variant
+        return f"{cls.name}, {variant}" if variant else cls.name
+
+    #: what its ``overlap`` measures, as scaling tables say it
+    overlap_label = "|⟨û, u⟩|"
+    #: the instance keys that shape its teacher (scaling titles name them)
+    instance_keys = ("k", "xi", "W")
 
     @property
     def needs_label_noise(self) -> bool:

@@ -15,7 +15,7 @@ def initial_directions(config, instances) -> tuple[np.ndarray, np.ndarray]:
     inst0 = instances[0]
     u0 = uniform_perp_directions(config.seed, config.runs, inst0.d, inst0.k)
     m0 = overlap_np(u0, instances)
-    if config.init == "aligned":
+    if config.options.init == "aligned":
         flip = m0 * initial_drift_sign(instances) < 0
         u0[flip] *= -1.0
         m0[flip] *= -1.0

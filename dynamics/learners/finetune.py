@@ -32,9 +32,9 @@ from .. import sphere
 from ..assembly import rank_one_trajectory
 from ..losses import LOSS_EXACT, loss_kind
 from ..observables import reduced_coordinates
-from .base import Learner, RunResult, TensorState
+from .base import Learner, Memory, RunResult, TensorState
 from .directions import initial_directions
-from .options import LowRankOptions, option
+from .options import LowRankOptions, low_rank_variant, option
 from .problem import Problem, per_run, rowmat
 
 __all__ = ["FinetuneState", "Finetune", "FinetuneOptions", "ExampleTerms", "Prepared"]
@@ -118,6 +118,31 @@ class Finetune(Learner):
 
     name = "finetune"
     Options = FinetuneOptions
+    conventions = ("unit", "appB", "appB-sqrt")  # App. B's scalings: full engine, no theory
+    named_in_titles = False  # the paper's learner: titles name its variant only
+    # the rank-1 chain (p, μ, ν[, ĉ]): every setting reduces (:mod:`dynamics.reduced`)
+    chain = ("dynamics.reduced.simulate", "RankOneChain")
+
+    @classmethod
+    def memory(cls, config, d: int, k: int) -> Memory:
+        """û (d) and ĉ (k); records m, ĉ when joint, û's span-W part and (μ, ν) when not
+        projected."""
+        o = config.options
+        return Memory(state=d + k, records=1 + (k if o.joint_c else 0) + (
+            0 if o.project else k + 2), prepared=2 * k + 4)
+
+    @classmethod
+    def step_limit(cls, config, instance):
+        """The population ODE's stability limit of η (``hermite.stability``), unit rows."""
+        if not instance.unit_rows:
+            return None
+        from hermite.stability import step_limit
+
+        return step_limit(instance, config.eta, instance.d, label_noise=config.label_noise)
+
+    @classmethod
+    def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
+        return low_rank_variant(config, frozen_c)
 
     def __init__(self, problem: Problem, *, eta: float, eta_c: float, project: bool = True,
                  joint_c: bool = False, batch: int = 1, label_noise: float = 0.0,
@@ -134,10 +159,10 @@ class Finetune(Learner):
 
     @classmethod
     def from_config(cls, config, problem: Problem) -> Finetune:
-        return cls(problem, eta=config.eta, eta_c=config.step_size_c, project=config.project,
-                   joint_c=config.joint_c, batch=config.batch, label_noise=config.label_noise,
-                   prox=config.prox,
-                   keep_coords=loss_kind(config) != LOSS_EXACT or config.refit)
+        o = config.options
+        return cls(problem, eta=config.eta, eta_c=config.step_size_c, project=o.project,
+                   joint_c=o.joint_c, batch=config.batch, label_noise=config.label_noise,
+                   prox=o.prox, keep_coords=loss_kind(config) != LOSS_EXACT or o.refit)
 
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.eta_r, self.eta_c_r]
@@ -253,6 +278,27 @@ class Finetune(Learner):
             grad[..., : self.k] -= rowmat(self._gamma(t), self.problem.l)
         tangent = sphere.proju(state.u_hat[:, None], grad)
         return tangent, self._grad_c(state, t), t.loss
+
+    def sample_loss(self, state: FinetuneState, x: torch.Tensor,
+                    eps: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example loss (R, b) whose gradients :meth:`sample_gradients` gives in closed
+        form: :meth:`terms`'s data loss plus the proximal term prox·ξ²‖ĉ‖², differentiable
+        in the state's tensors (autograd tests). The student coefficients are neither read
+        from nor left in the cache, and ⟨û, x⟩ is taken without ``_dot``'s scratch buffer
+        (autograd refuses ``out=``)."""
+        saved = self._coeffs, self._frozen
+        self._coeffs, self._frozen = None, False
+        self._dot = lambda x_, u: torch.linalg.vecdot(x_, u[:, None])  # shadows the method
+        try:
+            pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
+            loss = self.terms(state, x, pre).loss
+        finally:
+            del self._dot
+            self._coeffs, self._frozen = saved
+        if self.prox:
+            xc = self.problem.xi[:, None] * state.c_hat
+            loss = loss + self.prox * xc.square().sum(-1)[:, None]
+        return loss
 
     # ------------------------------------------------------------------ steps
     def step_prepared_(self, state: FinetuneState, x: torch.Tensor, pre: Prepared,

@@ -78,6 +78,13 @@ class GLM(Learner):
 
     name = "glm"
     Options = GLMOptions
+    family = "single-index"
+    instance_keys = ()  # W, ξ, ĉ and k do not enter: σ(⟨u, x⟩) alone
+    chain = ("dynamics.reduced.glm_chain", "GLMChain")  # the scalar chain in m
+
+    @classmethod
+    def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
+        return "single index, full sphere"
 
     def __init__(self, problem: Problem, *, eta: float, batch: int = 1,
                  label_noise: float = 0.0):
@@ -103,7 +110,7 @@ class GLM(Learner):
         """û₀ uniform on S^{d−1} (stream (seed, r, ``init``)); ``aligned`` flips it to m₀ ≥ 0."""
         u0 = uniform_perp_directions(config.seed, config.runs, instances[0].d, 0)
         m0 = overlap_np(u0, instances)
-        if config.init == "aligned":
+        if config.options.init == "aligned":
             u0[m0 < 0] *= -1.0
             m0 = np.abs(m0)
         return self.init_state(u0), m0
@@ -139,6 +146,15 @@ class GLM(Learner):
         pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
         _, g, loss = self._terms(state, x, pre.y[:, 0])
         return sphere.proju(state.u_hat[:, None], g[..., None] * x), None, loss
+
+    def sample_loss(self, state: GLMState, x: torch.Tensor,
+                    eps: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example loss (y − σ(⟨û, x⟩))² (R, b), differentiable in û (autograd tests;
+        :meth:`_terms` takes ⟨û, x⟩ in a scratch buffer, which autograd refuses)."""
+        pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
+        resid = pre.y[:, 0] - self.problem.activation.fn(
+            torch.linalg.vecdot(x, state.u_hat[:, None]))
+        return resid * resid
 
     # ------------------------------------------------------------------ steps
     def step_prepared_(self, state: GLMState, x: torch.Tensor, pre: GLMPrepared,

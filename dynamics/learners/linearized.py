@@ -48,7 +48,7 @@ from ..errors import ConfigError
 from ..network_loss import network_loss
 from ..observables import c_overlap, group_runs
 from ..sampling import run_seed
-from .base import Learner, RunResult, TensorState, make_trajectory
+from .base import Learner, Memory, RunResult, TensorState, make_trajectory
 from .finetune import Finetune, FinetuneState
 from .options import LowRankOptions, option
 from .problem import Problem, per_run, rowmat
@@ -132,11 +132,11 @@ def _check(config, instance) -> None:
     """ConfigError for the settings the linearized learner does not support."""
     if config.engine == "reduced":
         raise _config_error("engine", "linearized has no reduced engine; use full or auto")
-    if config.full_rank:
-        if config.joint_c:
+    if config.options.full_rank:
+        if config.options.joint_c:
             raise _config_error("joint_c", "full_rank linearized has no ĉ to train "
                                            "(Δ ∈ R^{k×d} is trained directly)")
-        if config.init != "uniform":
+        if config.options.init != "uniform":
             raise _config_error("init", "full_rank linearized starts at Δ = 0; init must be "
                                         "'uniform' (unused)")
     if instance.d is not None and instance.d < instance.k + 2:
@@ -147,11 +147,26 @@ def _check(config, instance) -> None:
 class Linearized(Finetune):
     """Learner ``linearized``, rank 1: Δ = ξĉûᵀ, finetune's spherical step on f_lin's loss.
 
-    ``from_config`` returns a :class:`LinearizedFullRank` when ``config.full_rank``.
+    ``from_config`` returns a :class:`LinearizedFullRank` when ``config.options.full_rank``.
     """
 
     name = "linearized"
     Options = LinearizedOptions
+    conventions = ("unit",)
+    named_in_titles = True
+    has_population_ode = False  # its loss is Monte Carlo; no ODE of ⟨û,u⟩ is derived
+    chain = None  # f_lin's step is not the rank-1 chain's
+
+    @classmethod
+    def memory(cls, config, d: int, k: int) -> Memory:
+        """Rank 1: û (d) and ĉ (k); full rank: Δ (k×d)."""
+        if config.options.full_rank:
+            return Memory(state=k * d, records=2 + k, prepared=2 * k + 4)
+        return Memory(state=d + k, records=1 + k, prepared=2 * k + 4)
+
+    @classmethod
+    def step_limit(cls, config, instance):
+        return None
 
     def __init__(self, problem: Problem, *, eta: float, eta_c: float, project: bool = True,
                  joint_c: bool = False, batch: int = 1, label_noise: float = 0.0,
@@ -166,11 +181,12 @@ class Linearized(Finetune):
 
     @classmethod
     def from_config(cls, config, problem: Problem):
-        if config.full_rank:
+        if config.options.full_rank:
             return LinearizedFullRank.from_config(config, problem)
-        return cls(problem, eta=config.eta, eta_c=config.step_size_c, project=config.project,
-                   joint_c=config.joint_c, batch=config.batch, label_noise=config.label_noise,
-                   prox=config.prox, eval_size=config.eval_size, seed=config.seed)
+        o = config.options
+        return cls(problem, eta=config.eta, eta_c=config.step_size_c, project=o.project,
+                   joint_c=o.joint_c, batch=config.batch, label_noise=config.label_noise,
+                   prox=o.prox, eval_size=config.eval_size, seed=config.seed)
 
     def _xc(self, state: FinetuneState) -> torch.Tensor:
         return self.problem.xi[:, None] * state.c_hat
@@ -251,8 +267,8 @@ class LinearizedFullRank(Learner):
 
     @classmethod
     def from_config(cls, config, problem: Problem) -> LinearizedFullRank:
-        return cls(problem, eta=config.eta, project=config.project,
-                   label_noise=config.label_noise, prox=config.prox,
+        return cls(problem, eta=config.eta, project=config.options.project,
+                   label_noise=config.label_noise, prox=config.options.prox,
                    eval_size=config.eval_size, seed=config.seed)
 
 
@@ -309,6 +325,14 @@ class LinearizedFullRank(Learner):
             grads[..., : self.k] = 0.0
         sq = state.delta.square().sum((1, 2))
         return grads, r * r + self.prox * sq[:, None]
+
+    def sample_loss(self, state: FullRankState, x: torch.Tensor,
+                    eps: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example loss r² + prox·‖Δ‖²_F (R, b) (:meth:`_residual`), differentiable in Δ
+        (autograd tests). The rank-1 learner's is finetune's (``Finetune.sample_loss``)."""
+        pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
+        r = self._residual(state, x, pre, 0)
+        return r * r + self.prox * state.delta.square().sum((1, 2))[:, None]
 
     def step_prepared_(self, state: FullRankState, x: torch.Tensor, pre: LinearPrepared,
                        i: int) -> torch.Tensor:

@@ -39,15 +39,14 @@ import numpy as np
 import torch
 
 import hermite
-from hermite.activations_numba import act_code
 
 from .. import stiefel
 from ..errors import ConfigError
 from ..lora_instance import lora_options, run_lora_instances
 from ..observables import group_runs
 from ..sampling import run_seed, uniform_perp_directions
-from .base import Learner, RunResult, TensorState, make_trajectory
-from .options import LowRankOptions, option
+from .base import Learner, Memory, RunResult, TensorState, make_trajectory
+from .options import LowRankOptions, low_rank_variant, option
 from .problem import Problem, rowmat
 
 __all__ = ["LoRA", "LoRAOptions", "LoRAState", "LoRAPrepared", "LoRATerms"]
@@ -102,6 +101,25 @@ class LoRA(Learner):
 
     name = "lora"
     Options = LoRAOptions
+    overlap_label = "σ_min(UᵀÛ) (all r directions)"
+    # the rank-r chain: projected, b = 1, U ⊥ span W
+    chain = ("dynamics.reduced.rank_simulate", "RankChain")
+
+    @classmethod
+    def memory(cls, config, d: int, k: int) -> Memory:
+        """Û (d×r) and Ĉ (k×r); records M (r×r), Ĉ when joint, WÛ when not projected."""
+        o = config.options
+        r = int(o.rank)
+        return Memory(state=d * r + k * r, records=r * r + (k * r if o.joint_c else 0) + (
+            0 if o.project else k * r), prepared=2 * k + 4)
+
+    @classmethod
+    def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
+        """``rank r[, C spectrum s], projected, frozen ĉ``."""
+        spectrum = config.get("instance", {}).get("spectrum")
+        rank = f"rank {config.get('rank', 1)}" + (f", C spectrum {spectrum}" if spectrum
+                                                  else "")
+        return f"{rank}, {low_rank_variant(config, frozen_c)}"
 
     def __init__(self, problem: Problem, instances, *, eta: float, eta_c: float,
                  project: bool = True, joint_c: bool = False, batch: int = 1,
@@ -141,37 +159,19 @@ class LoRA(Learner):
         only where the rank-r chain is exact); the retraction name is checked by its options."""
         from ..lora_instance import build_lora_instance
 
-        build_lora_instance(instance, config.rank, lora_options(config))
+        build_lora_instance(instance, config.options.rank, lora_options(config))
         if config.engine == "reduced":
-            ok, why = cls.reduced_supported(config)
+            ok, why = cls.exact_chain().supported(config)
             if not ok:
                 raise ConfigError("engine", why)
 
     @classmethod
-    def reduced_supported(cls, config) -> tuple[bool, str]:
-        """(True, "") when the rank-r reduced chain (``dynamics.reduced.rank_chain``) is exact
-        for ``config``, else (False, one-line reason): it needs projected Û, b = 1, U ⊥ span W
-        (u_alpha = 0) and a σ with a compiled version."""
-        why = []
-        if not config.project:
-            why.append("unprojected Û")
-        if config.batch != 1:
-            why.append("mini-batches (b > 1)")
-        if float(config.instance.get("u_alpha", 0.0) or 0.0) != 0.0:
-            why.append("U with a component in span W (u_alpha > 0)")
-        if act_code(str(config.instance.get("activation"))) is None:
-            why.append(f"activation {config.instance.get('activation')!r} (no compiled version)")
-        if why:
-            return False, ("reduced engine: the rank-r chain does not cover " + ", ".join(why)
-                           + "; use --engine full")
-        return True, ""
-
-    @classmethod
     def from_config(cls, config, problem: Problem) -> LoRA:
+        o = config.options
         return cls(problem, run_lora_instances(config), eta=config.eta,
-                   eta_c=config.step_size_c, project=config.project, joint_c=config.joint_c,
-                   batch=config.batch, label_noise=config.label_noise, prox=config.prox,
-                   retraction=config.retraction)
+                   eta_c=config.step_size_c, project=o.project, joint_c=o.joint_c,
+                   batch=config.batch, label_noise=config.label_noise, prox=o.prox,
+                   retraction=o.retraction)
 
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.eta_r, self.eta_c_r]
@@ -196,7 +196,7 @@ class LoRA(Learner):
                 g = np.random.default_rng(run_seed(config.seed, i, "init")).standard_normal(
                     (d - k, r))
                 u0[i, k:] = stiefel.uniform_frames(g)
-        if config.init == "aligned":
+        if config.options.init == "aligned":
 
             m0 = self._overlap_np(u0)
             for inst, idx in group_runs(self.instances):
@@ -312,6 +312,25 @@ class LoRA(Learner):
         t = self.terms(state, x, pre)
         tangent = stiefel.proju(state.u_hat[:, None], self.euclidean_gradients(state, x, t))
         return tangent, self._grad_c(state, t), t.resid * t.resid
+
+    def sample_loss(self, state: LoRAState, x: torch.Tensor,
+                    eps: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example loss (R, b) whose gradients :meth:`sample_gradients` gives in closed
+        form: :meth:`terms`'s (y − f̂)² plus the proximal term prox·ξ²‖Ĉ‖²_F, differentiable
+        in Û and Ĉ (autograd tests; the coefficients are neither read from nor left in the
+        cache)."""
+        saved = self._coeffs, self._frozen
+        self._coeffs, self._frozen = None, False
+        try:
+            pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
+            t = self.terms(state, x, pre)
+        finally:
+            self._coeffs, self._frozen = saved
+        loss = t.resid * t.resid
+        if self.prox:
+            xc = self.problem.xi[:, None, None] * state.c_hat
+            loss = loss + self.prox * xc.square().sum((1, 2))[:, None]
+        return loss
 
     # ------------------------------------------------------------------ steps
     def step_prepared_(self, state: LoRAState, x: torch.Tensor, pre: LoRAPrepared,

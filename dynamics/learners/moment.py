@@ -33,7 +33,7 @@ import hermite
 
 from ..errors import ConfigError
 from ..losses import LOSS_EXACT, exact_loss
-from .base import Learner, RunResult, TensorState, make_trajectory
+from .base import Learner, Memory, RunResult, TensorState, make_trajectory
 from .options import Options, option
 from .problem import Problem, per_run, rowmat
 
@@ -81,6 +81,20 @@ class Moment(Learner):
 
     name = "moment"
     Options = MomentOptions
+    family = "estimator"
+    takes_step_size = False
+    has_population_ode = False  # an estimator: no dynamics
+
+    @classmethod
+    def memory(cls, config, d: int, k: int) -> Memory:
+        """Order 1: the running sum (d); order 2: the (d − k)² statistic."""
+        order = int(config.options.moment_order)
+        return Memory(state=(d if order == 1 else (d - k) ** 2) + 1, records=1,
+                      prepared=2 * k + 4)
+
+    @classmethod
+    def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
+        return f"order {config.get('moment_order', 1)}"
 
     def __init__(self, problem: Problem, *, order: int = 1, batch: int = 1,
                  label_noise: float = 0.0):
@@ -95,7 +109,7 @@ class Moment(Learner):
     def check(cls, config, instance) -> None:
         """ConfigError when μ_order(σ) = 0: the order's Stein moment carries no signal."""
 
-        p = config.moment_order
+        p = config.options.moment_order
         mu = hermite_mu(instance.activation, p)
         scale = math.sqrt(max(hermite.gaussian_second_moment(instance.activation), 0.0))
         if abs(mu) <= MU_ZERO_RTOL * scale:
@@ -105,7 +119,7 @@ class Moment(Learner):
 
     @classmethod
     def from_config(cls, config, problem: Problem) -> Moment:
-        return cls(problem, order=config.moment_order, batch=config.batch,
+        return cls(problem, order=config.options.moment_order, batch=config.batch,
                    label_noise=config.label_noise)
 
     def step_sizes(self) -> list[torch.Tensor]:

@@ -47,7 +47,7 @@ from ..errors import ConfigError
 from ..losses import LOSS_EXACT
 from ..network_loss import network_loss_from_grams, network_loss_from_overlaps
 from ..sampling import run_seed
-from .base import Learner, RunResult, TensorState, make_trajectory
+from .base import Learner, Memory, RunResult, TensorState, make_trajectory
 from .given_rows import (
     INIT_FRAMES,
     canonical_rows,
@@ -130,18 +130,33 @@ class Prepared:
 
 
 def student_width(config, k: int) -> int:
-    """k′: option ``width``, else the number of rows in ``init_rows``, else k."""
-    if config.width is not None:
-        return int(config.width)
-    if config.init_rows is not None:
-        return given_rows(config.init_rows).width
+    """k′: option ``width``, else the number of rows in ``init_rows``, else k (learners
+    without those options: k)."""
+    o = config.options
+    if getattr(o, "width", None) is not None:
+        return int(o.width)
+    if getattr(o, "init_rows", None) is not None:
+        return given_rows(o.init_rows).width
     return k
 
 
+def _trained(config) -> bool:
+    """Whether λ̂ is trained (``scratch``'s option; the other network learners keep λ)."""
+    return bool(getattr(config.options, "train_second_layer", False))
+
+
+def _start_kwargs(config) -> dict:
+    """The rows' kind and scale from the start options (``sparse`` starts at W: unit)."""
+    o = config.options
+    if not isinstance(o, StartOptions):
+        return {}
+    return {"rows": o.rows, "init_scale": o.init_scale}
+
+
 def sparse_rows(config, k: int, d: int) -> int:
-    """s: ``config.sparse_rows``, or min(k, ⌈(k + d)/d⌉) (rank-1 LoRA's parameter budget)."""
-    if config.sparse_rows is not None:
-        return int(config.sparse_rows)
+    """s: the option ``sparse_rows``, or min(k, ⌈(k + d)/d⌉) (rank-1 LoRA's budget)."""
+    if config.options.sparse_rows is not None:
+        return int(config.options.sparse_rows)
     return min(k, math.ceil((k + d) / d))
 
 
@@ -153,7 +168,7 @@ def sparse_selection(config, lam: np.ndarray, d: int, run: int) -> np.ndarray:
     """
     lam = np.asarray(lam, dtype=float)
     s = sparse_rows(config, lam.shape[0], d)
-    if config.sparse_select == "random":
+    if config.options.sparse_select == "random":
         rng = np.random.default_rng(run_seed(config.seed, run, "init"))
         return np.sort(rng.choice(lam.shape[0], size=s, replace=False))
     return np.sort(np.argsort(-np.abs(lam), kind="stable")[:s])
@@ -206,7 +221,20 @@ class NetworkLearner(Learner):
     """
 
     loss_name = SQUARED
-    diagonal_alignment = False
+    family = "network"
+    committee_loss = SQUARED
+
+    @classmethod
+    def width(cls, config, k: int) -> int:
+        return student_width(config, k)
+
+    @classmethod
+    def memory(cls, config, d: int, k: int) -> Memory:
+        """k′ rows of d and λ̂ (k′); records the cross (k×k′) and Gram (k′×k′) overlaps and
+        λ̂; prepares the k′ fields and their derivatives per example."""
+        width = cls.width(config, k)
+        return Memory(state=width * d + width, records=k * width + width * width + width,
+                      prepared=2 * max(k, width) + 4)
 
     def __init__(self, problem: Problem, *, width: int, eta: float, eta_c: float,
                  train_second_layer: bool = False, batch: int = 1, label_noise: float = 0.0,
@@ -228,33 +256,34 @@ class NetworkLearner(Learner):
     # ------------------------------------------------------------------ construction
     @classmethod
     def check(cls, config, instance) -> None:
-        if config.init_rows is not None:
+        if config.options.init_rows is not None:
             cls._check_given(config, instance)
         width = student_width(config, instance.k)
         lam = np.asarray(instance.lam, float)
-        if not config.train_second_layer and width != instance.k and np.ptp(lam) != 0:
+        if not _trained(config) and width != instance.k and np.ptp(lam) != 0:
             raise ConfigError("width", f"{cls.name} with a fixed second layer (λ̂ = λ) needs "
                                        f"width = k = {instance.k} or a teacher of equal λᵢ "
                                        f"(then λ̂ = λ₁·1), got {width}")
-        if config.rows != "free" and config.init_scale != 1.0:
+        if config.options.rows != "free" and config.options.init_scale != 1.0:
             raise ConfigError("init_scale", "sets the scale of free rows (--rows free); unit "
                                             "rows start uniform on the sphere")
 
     @classmethod
     def _check_given(cls, config, instance) -> None:
         """``init_rows``: readable, its frame available, its shape and width consistent."""
-        rows = given_rows(config.init_rows)
-        resolve_frame(config.init_frame, instance)
-        check_given_rows(rows, instance, config.runs, unit=config.rows != "free")
-        if config.init_scale != 1.0:
+        rows = given_rows(config.options.init_rows)
+        resolve_frame(config.options.init_frame, instance)
+        check_given_rows(rows, instance, config.runs, unit=config.options.rows != "free")
+        if config.options.init_scale != 1.0:
             raise ConfigError("init_scale", "sets the scale of random free rows; rows given "
                                             "by --init-rows are used as they are")
-        if config.width is not None and config.width != rows.width:
-            raise ConfigError("width", f"is {config.width} but --init-rows gives "
+        width = getattr(config.options, "width", None)  # scratch's option
+        if width is not None and width != rows.width:
+            raise ConfigError("width", f"is {width} but --init-rows gives "
                                        f"{rows.width} rows")
         if cls.loss_name == CORRELATION and rows.width != instance.k:
-            raise ConfigError("init_rows", f"{config.init_rows}: {cls.name} keeps λ̂ = λ, so "
-                                           f"it needs k′ = k = {instance.k} rows, got "
+            raise ConfigError("init_rows", f"{config.options.init_rows}: {cls.name} keeps "
+                                           f"λ̂ = λ, so it needs k′ = k = {instance.k} rows, got "
                                            f"{rows.width}")
 
     @classmethod
@@ -262,9 +291,8 @@ class NetworkLearner(Learner):
         """Keyword arguments of ``__init__`` from the config (subclasses add the mask)."""
         return dict(width=student_width(config, problem.k),
                     eta=config.eta, eta_c=config.step_size_c,
-                    train_second_layer=config.train_second_layer, batch=config.batch,
-                    label_noise=config.label_noise, rows=config.rows,
-                    init_scale=config.init_scale)
+                    train_second_layer=_trained(config), batch=config.batch,
+                    label_noise=config.label_noise, **_start_kwargs(config))
 
     @classmethod
     def from_config(cls, config, problem: Problem):
@@ -327,6 +355,13 @@ class NetworkLearner(Learner):
         if not self.free:
             grad = sphere.proju(state.rows[:, None], grad)
         return grad * self._mask_f[:, None, :, None], outer[..., None] * sa, loss
+
+    def sample_loss(self, state: NetworkState, x: torch.Tensor,
+                    eps: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example loss L (R, b) (squared or correlation, :meth:`_terms`), differentiable
+        in the rows and λ̂ (autograd tests; frozen rows too: ``sample_gradients`` masks them)."""
+        pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
+        return self._terms(state, x, pre.y[:, 0])[-1]
 
     # ------------------------------------------------------------------ steps
     def step_prepared_(self, state: NetworkState, x: torch.Tensor, pre: Prepared,
@@ -468,13 +503,24 @@ class _FromScratch(NetworkLearner):
     (``given_rows``; unit rows normalised); λ̂₀ = λ, or, when trained and k′ ≠ k,
     λ̂ⱼ ~ N(0, 1/k′) from the same stream (drawn after the rows)."""
 
+    teachers = ("finetune", "committee")
+
+    @classmethod
+    def given_rows(cls, config):
+        path = config.options.init_rows
+        return None if path is None else given_rows(path)
+
+    @classmethod
+    def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
+        return f"{config.get('rows', 'unit')} rows"
+
     def initial_arrays(self, config, instances) -> tuple[np.ndarray, np.ndarray]:
         d, width = instances[0].d, self.width
         rows = np.empty((len(instances), width, d))
         lam_hat = np.empty((len(instances), width))
-        given = None if config.init_rows is None else given_rows(config.init_rows)
+        given = None if config.options.init_rows is None else given_rows(config.options.init_rows)
         if given is not None:
-            frame = resolve_frame(config.init_frame, instances[0])
+            frame = resolve_frame(config.options.init_frame, instances[0])
             w = config.instance["W"] if frame == "original" else None
             shared = None if given.per_run else canonical_rows(given.array, w)
             self.given = (given, frame)  # provenance of the rows actually used
@@ -503,13 +549,18 @@ class Scratch(_FromScratch):
     name = "scratch"
     Options = ScratchOptions
 
+    @classmethod
+    def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
+        return super().variant(config) + (", trained λ̂" if config.get("train_second_layer")
+                                          else "")
+
 
 class ScratchCSQ(_FromScratch):
     """``scratch-csq``: the correlation loss L = −y f̂ (a CSQ algorithm), λ̂ = λ fixed."""
 
     name = "scratch-csq"
     Options = ScratchCSQOptions
-    loss_name = CORRELATION  # λ̂ = λ (the loss is unbounded in λ̂), so k′ = k
+    loss_name = committee_loss = CORRELATION  # λ̂ = λ (the loss is unbounded in λ̂): k′ = k
 
 
 class Sparse(NetworkLearner):
@@ -519,6 +570,16 @@ class Sparse(NetworkLearner):
     name = "sparse"
     Options = SparseOptions
     diagonal_alignment = True
+
+    @classmethod
+    def memory(cls, config, d: int, k: int) -> Memory:
+        """The s tuned rows of d and λ (k); records as the network learners at k′ = k."""
+        rows = int(config.options.sparse_rows or math.ceil((k + d) / max(d, 1)))
+        return Memory(state=rows * d + k, records=2 * k * k + k, prepared=2 * k + 4)
+
+    @classmethod
+    def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
+        return "S²FT"
 
     @classmethod
     def check(cls, config, instance) -> None:

@@ -22,7 +22,8 @@ from ..errors import ConfigError, ForeignOptionError
 from .registry import LEARNERS, get_learner
 
 __all__ = ["Options", "OptionSpec", "option", "option_specs", "all_options", "options_of",
-           "learner_options", "INITS", "eta_c_option", "init_option", "LowRankOptions"]
+           "learner_options", "INITS", "eta_c_option", "init_option", "LowRankOptions",
+           "low_rank_variant", "option_names"]
 
 INITS = ("uniform", "aligned")
 _KINDS = (bool, int, float, str)
@@ -72,6 +73,11 @@ def option_specs(cls: type[Options]) -> tuple[OptionSpec, ...]:
                               f.metadata.get("help", ""), f.metadata.get("choices"),
                               f.metadata.get("check")))
     return tuple(out)
+
+
+def option_names(cls: type[Options]) -> tuple[str, ...]:
+    """The names of ``cls``'s options, in declaration order."""
+    return tuple(spec.name for spec in option_specs(cls))
 
 
 def _check_value(spec: OptionSpec, value) -> None:
@@ -127,7 +133,7 @@ def learner_options(learner: str, carried=None, given: dict | None = None) -> Op
     is a ``ForeignOptionError`` unless it has its default value, which changes nothing: it is
     dropped (a config switching learners, a file written when options were shared fields)."""
     cls = options_of(learner)
-    own = tuple(spec.name for spec in option_specs(cls))  # declaration order
+    own = option_names(cls)
     if isinstance(carried, Options):
         carried = {f.name: getattr(carried, f.name) for f in fields(carried)}
     known = all_options()
@@ -165,3 +171,10 @@ class LowRankOptions(Options):
     init: str = init_option()
     prox: float = option(0.0, "Proximal regularisation prox·‖Δ‖² toward the base model.",
                          check="nonnegative")
+
+
+def low_rank_variant(config, frozen_c: str = ", frozen ĉ") -> str:
+    """``projected, frozen ĉ`` / ``unprojected, joint ĉ``: a low-rank learner's run from its
+    config dict (``Learner.variant``)."""
+    return ("projected" if config.get("project", True) else "unprojected") + (
+        ", joint ĉ" if config.get("joint_c") else frozen_c)

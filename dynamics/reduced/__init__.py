@@ -70,7 +70,8 @@ from .simulate import (  # noqa: E402
     initial_trajectory,
     reduced_supported,
     simulate_reduced,
+    simulate_resolved,
 )
 
-__all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced", "first_passage_reduced",
-           "first_passages_reduced", "initial_trajectory"]
+__all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced", "simulate_resolved",
+           "first_passage_reduced", "first_passages_reduced", "initial_trajectory"]

@@ -54,18 +54,17 @@ from ..sampling import run_seed
 from ..trajectory import Trajectory, checkpoint_steps
 from . import _kernel, _rng
 from ._drive import drive, overlap_status
+from .exact_chain import ExactChain
 
-__all__ = ["glm_supported", "simulate_glm", "first_passage_glm", "advance_glm", "GlmHyper",
-           "GlmRuns"]
+__all__ = ["GLMChain", "glm_supported", "simulate_glm", "first_passage_glm", "advance_glm",
+           "GlmHyper", "GlmRuns"]
 
 ENGINE = "reduced"
 
 
 def glm_supported(config: RunConfig) -> tuple[bool, str]:
     """(True, "") when the chain applies to this glm config, else (False, one-line reason)."""
-    from ..instance import build_instance
-
-    act = build_instance(config.instance).activation.name
+    act = str(config.instance.get("activation"))
     if act_code(act) is None:
         return False, (f"reduced engine: activation {act!r} has no compiled version for the "
                        "glm chain (numba only)")
@@ -147,9 +146,9 @@ def advance_glm(hyp, runs, cp_steps, cp_m):
         _run_glm_index(r, hyp, runs, cp_steps, cp_m)
 
 
-def _start(config: RunConfig):
+def _start(config: RunConfig, instances=None):
     """Instances, (code, p) of σ, streams and (m₀, ν₀) of every run (G1)."""
-    instances = config.run_instances()
+    instances = config.run_instances() if instances is None else instances
     d = instances[0].d
     code, hp = act_code(instances[0].activation.name)
     runs = config.runs
@@ -157,7 +156,7 @@ def _start(config: RunConfig):
     m, nu = np.empty(runs), np.empty(runs)
     # (G1) is (R0) on the whole sphere: m₀ = g/√(g² + χ²_{d−1}), the same streams
     _kernel.init_runs(run_seed(config.seed, 0, "data"), d, states, m, nu)
-    if config.init == "aligned":
+    if config.options.init == "aligned":
         m = np.abs(m)
     return instances, (code, hp), states, m, nu
 
@@ -187,13 +186,13 @@ def _check(config: RunConfig, backend):
 
 
 def simulate_glm(config: RunConfig, *, backend: str | None = None,
-                 _chi2_dof: int | None = None) -> Trajectory:
+                 _chi2_dof: int | None = None, instances=None) -> Trajectory:
     """The glm learner's Trajectory from the exact chain (same observables as the full
     engine: ``GLM.trajectory``); float64 on CPU. ``_chi2_dof``: test hook (wrong law)."""
     from ..learners.glm import GLM
 
     _check(config, backend)
-    instances, act, states, m, nu = _start(config)
+    instances, act, states, m, nu = _start(config, instances)
     m0 = m.copy()
     steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
     cp_m, div, _ = _advance(config, instances, act, states, m, nu, steps, int(steps[-1]),
@@ -217,3 +216,20 @@ def first_passage_glm(config: RunConfig, level: float, max_steps: int | None = N
     out[hit < 0] = np.nan
     out[(np.abs(m0) if absolute else m0) >= level] = 0.0
     return out
+
+
+class GLMChain(ExactChain):
+    """The exact scalar chain in m of the ``glm`` learner (module docstring), numba only."""
+
+    name = "glm"
+
+    def supported(self, config) -> tuple[bool, str]:
+        return glm_supported(config)
+
+    def simulate(self, config, *, instances=None, backend=None, _chi2_dof=None) -> Trajectory:
+        return simulate_glm(config, backend=backend, _chi2_dof=_chi2_dof, instances=instances)
+
+    def first_passages(self, config, levels, max_steps=None, *, absolute=True,
+                       backend=None) -> np.ndarray:
+        return np.array([first_passage_glm(config, x, max_steps, absolute=absolute,
+                                           backend=backend) for x in levels])

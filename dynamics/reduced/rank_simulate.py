@@ -23,23 +23,56 @@ from ..lora_instance import run_lora_instances
 from ..sampling import run_seed
 from ..trajectory import Trajectory, checkpoint_steps
 from . import rank_chain
+from .exact_chain import ExactChain
 from .params import distinct, join_flat
 
-__all__ = ["rank_supported", "simulate_rank_reduced", "first_passage_rank"]
+__all__ = ["RankChain", "rank_supported", "simulate_rank_reduced", "first_passage_rank"]
 
 
 def rank_supported(config) -> tuple[bool, str]:
-    """(True, "") when the rank-r chain is exact for this ``lora`` config, else a reason
-    (:meth:`dynamics.learners.lora.LoRA.reduced_supported`)."""
-    return LoRA.reduced_supported(config)
+    """(True, "") when the rank-r chain (:mod:`.rank_chain`) is exact for this ``lora``
+    config, else (False, one-line reason): it needs projected Û, b = 1, U ⊥ span W
+    (u_alpha = 0) and a σ with a compiled version."""
+    why = []
+    if not config.options.project:
+        why.append("unprojected Û")
+    if config.batch != 1:
+        why.append("mini-batches (b > 1)")
+    if float(config.instance.get("u_alpha", 0.0) or 0.0) != 0.0:
+        why.append("U with a component in span W (u_alpha > 0)")
+    if act_code(str(config.instance.get("activation"))) is None:
+        why.append(f"activation {config.instance.get('activation')!r} (no compiled version)")
+    if why:
+        return False, ("reduced engine: the rank-r chain does not cover " + ", ".join(why)
+                       + "; use --engine full")
+    return True, ""
 
 
-def _setup(config):
+class RankChain(ExactChain):
+    """The exact rank-r chain of ``lora`` (:mod:`.rank_chain`)."""
+
+    name = "rank-r"
+
+    def supported(self, config) -> tuple[bool, str]:
+        return rank_supported(config)
+
+    def simulate(self, config, *, instances=None, backend=None, _chi2_dof=None) -> Trajectory:
+        if backend not in (None, "numba") or _chi2_dof is not None:
+            raise ValueError("the rank-r chain has only the numba backend and its own χ² law")
+        return simulate_rank_reduced(config, instances)
+
+    def first_passages(self, config, levels, max_steps=None, *, absolute=True,
+                       backend=None) -> np.ndarray:
+        """All r singular values of M ≥ level (absolute by nature)."""
+        return np.array([first_passage_rank(config, x, max_steps) for x in levels])
+
+
+def _setup(config, instances=None):
     """(instances, rank-r instances, the chain's per-instance arrays) of a supported config."""
     ok, why = rank_supported(config)
     if not ok:
         raise ValueError(why)
-    instances = config.run_instances()
+    instances = config.run_instances() if instances is None else instances
     linst = run_lora_instances(config, instances)
     order, idx = distinct(linst)
     k = order[0].k
@@ -62,7 +95,7 @@ def _initial(config, linst):
     states = np.zeros(runs, dtype=np.uint64)
     m0, b0 = np.empty((runs, r, r)), np.empty((runs, r, r))
     rank_chain.init_runs(run_seed(config.seed, 0, "data"), d - k, states, m0, b0)
-    if config.init == "aligned":
+    if config.options.init == "aligned":
 
         order, idx = distinct(linst)
         a0 = np.stack([hermite.A_matrix(li, np.zeros((r, r))) for li in order])[idx]
@@ -74,13 +107,13 @@ def _advance(config, linst, arrays, states, m, b, cp, n_steps, stop_level=math.i
     runs, r, k = config.runs, linst[0].rank, linst[0].k
     code, hp = act_code(linst[0].activation.name)
     cp_m = np.full((runs, len(cp), r, r), np.nan)
-    cp_chat = np.full((runs, len(cp), k, r) if config.joint_c else (runs, 0, k, r), np.nan)
+    cp_chat = np.full((runs, len(cp), k, r) if config.options.joint_c else (runs, 0, k, r), np.nan)
     div = np.full(runs, -1, dtype=np.int64)
     hit = np.full(runs, -1, dtype=np.int64)
     chat = arrays["chat"].copy()
     hyp = rank_chain.make_rank_hyper(
-        config.joint_c, code, hp, linst[0].d - k - 2 * r, config.eta, config.step_size_c,
-        math.sqrt(config.label_noise), rank_chain.RETRACTIONS[config.retraction], n_steps,
+        config.options.joint_c, code, hp, linst[0].d - k - 2 * r, config.eta, config.step_size_c,
+        math.sqrt(config.label_noise), rank_chain.RETRACTIONS[config.options.retraction], n_steps,
         stop_level)
     inst = rank_chain.RankInst(arrays["L"], arrays["ident"], arrays["lam"], arrays["C"],
                                arrays["tnorm"], arrays["xi"], arrays["idx"])
@@ -88,13 +121,13 @@ def _advance(config, linst, arrays, states, m, b, cp, n_steps, stop_level=math.i
     rec = rank_chain.RankRecords(np.asarray(cp, dtype=np.int64), cp_m, cp_chat)
     with numba.parallel_chunksize(1):  # flat, through rank_chain.advance (a test patches it)
         rank_chain.advance(*join_flat(rank_chain.FLAT_ARGS, hyp, inst, runs_, rec))
-    return cp_m, (cp_chat if config.joint_c else None), div, hit
+    return cp_m, (cp_chat if config.options.joint_c else None), div, hit
 
 
-def simulate_rank_reduced(config) -> Trajectory:
+def simulate_rank_reduced(config, instances=None) -> Trajectory:
     """Simulate a ``lora`` config on the rank-r chain; the same Trajectory as the full engine
     (float64 always)."""
-    instances, linst, arrays = _setup(config)
+    instances, linst, arrays = _setup(config, instances)
     states, m, b = _initial(config, linst)
 
     m0 = hermite.signed_smallest(m)
@@ -106,8 +139,8 @@ def simulate_rank_reduced(config) -> Trajectory:
                        engine="reduced")
     problem = Problem.from_instances(instances, torch.device("cpu"), torch.float64)
     learner = LoRA(problem, linst, eta=config.eta, eta_c=config.step_size_c, project=True,
-                   joint_c=config.joint_c, batch=1, label_noise=config.label_noise,
-                   prox=config.prox, retraction=config.retraction)
+                   joint_c=config.options.joint_c, batch=1, label_noise=config.label_noise,
+                   prox=config.options.prox, retraction=config.options.retraction)
     traj = learner.trajectory(result)
     traj.dtype = "float64"
     return traj

@@ -17,36 +17,80 @@ from ..losses import LOSS_EXACT, loss_kind
 from ..sampling import resolve_device, resolve_dtype, run_seed
 from ..theory_overlay import initial_drift_sign
 from ..trajectory import RunResult, Trajectory, checkpoint_steps
-from . import _kernel, glm_chain, rank_simulate, torch_chain
+from . import _kernel, torch_chain
 from ._chain import Inst, Records, Runs, make_hyper
+from .exact_chain import ExactChain, unit_convention
 from .params import ChainParams, pack_instances
 
-__all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced",
-           "first_passage_reduced", "first_passages_reduced", "initial_trajectory"]
+__all__ = ["ENGINE", "BACKENDS", "RankOneChain", "reduced_supported", "simulate_resolved",
+           "simulate_reduced", "first_passage_reduced", "first_passages_reduced",
+           "initial_trajectory"]
 
 ENGINE = "reduced"
 BACKENDS = ("numba", "numba-cuda", "torch")
 
 
-def reduced_supported(config: RunConfig) -> tuple[bool, str]:
-    """(True, "") when the reduced chain is exact for ``config``, else (False, one-line reason).
+def _chain(config: RunConfig):
+    """(the learner's exact chain or None, the learner class); ValueError for an unknown
+    learner (``config.validate`` names it)."""
+    from ..learners import get_learner
 
-    Every ``finetune`` setting reduces exactly (projected or not, ĉ frozen or joint, any b,
-    label noise, any W, u); so does every ``glm`` setting whose σ has a compiled version
-    (:mod:`.glm_chain`), and ``lora`` when projected with b = 1 and U ⊥ span W
-    (:mod:`.rank_simulate`); other learners have no finite-state reduction here.
-    """
-    if config.instance.get("convention", "unit") != "unit":
-        return False, ("reduced engine: the App. B conventions (fixed row scale) are not "
-                       "reduced; use --engine full")
-    if config.learner == "glm":
-        return glm_chain.glm_supported(config)
-    if config.learner == "lora":
-        return rank_simulate.rank_supported(config)
-    if config.learner != "finetune":
-        return False, (f"reduced engine: learner {config.learner!r} has no exact finite-state "
-                       "reduction (only 'finetune', 'glm' and 'lora')")
-    return True, ""
+    learner = get_learner(config.learner)
+    return learner.exact_chain(), learner
+
+
+def reduced_supported(config: RunConfig) -> tuple[bool, str]:
+    """(True, "") when the learner's exact chain (``Learner.exact_chain``) covers ``config``,
+    else (False, one-line reason): no chain, the App. B conventions, or what the chain's own
+    ``supported`` names."""
+    from ..learners import LEARNERS
+
+    ok, why = unit_convention(config)
+    if not ok:
+        return ok, why
+    chain, learner = _chain(config)
+    if chain is None:
+        having = [name for name in LEARNERS if _has_chain(name)]
+        return False, (f"reduced engine: learner {learner.name!r} has no exact finite-state "
+                       f"reduction (only {', '.join(repr(n) for n in having)})")
+    return chain.supported(config)
+
+
+def _has_chain(name: str) -> bool:
+    from ..learners import get_learner
+
+    return get_learner(name).exact_chain() is not None
+
+
+def _supported_chain(config: RunConfig):
+    """The chain of a validated config it supports (ValueError naming why not)."""
+    config.validate()
+    ok, why = reduced_supported(config)
+    if not ok:
+        raise ValueError(why)
+    return _chain(config)[0]
+
+
+class RankOneChain(ExactChain):
+    """The exact chain of ``finetune`` (module docstring of :mod:`dynamics.reduced`): every
+    setting (projected or not, ĉ frozen or joint, any b, label noise, any W and u) reduces."""
+
+    name = "rank-1"
+    records_start = True
+
+    def supported(self, config) -> tuple[bool, str]:
+        return unit_convention(config)
+
+    def simulate(self, config, *, instances=None, backend=None, _chi2_dof=None) -> Trajectory:
+        steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
+        return _record(config, backend, steps, _chi2_dof, instances)
+
+    def initial_trajectory(self, config, *, backend=None) -> Trajectory:
+        return _record(config, backend, np.zeros(1, dtype=np.int64), None)
+
+    def first_passages(self, config, levels, max_steps=None, *, absolute=True,
+                       backend=None) -> np.ndarray:
+        return _first_passages(config, levels, max_steps, absolute, backend)
 
 
 def _choose_backend(config: RunConfig, backend: str | None, act_name: str):
@@ -74,7 +118,7 @@ def _initial_state(config: RunConfig, params: ChainParams, instances):
     mu, nu = np.empty(runs), np.empty(runs)
     _kernel.init_runs(run_seed(config.seed, 0, "data"), d - k, states, mu, nu)
     u_perp = params.prm[params.inst_idx, 4 * k]
-    if config.init == "aligned":
+    if config.options.init == "aligned":
         mu[mu * u_perp * initial_drift_sign(instances) < 0] *= -1.0
     return states, mu, nu, mu * u_perp
 
@@ -90,7 +134,8 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
     runs, k = config.runs, params.k
     act = instances[0].activation
     dof = instances[0].d - k - 2 if dof is None else dof
-    common = dict(project=config.project, joint=config.joint_c, dof=dof, eta=config.eta,
+    o = config.options
+    common = dict(project=o.project, joint=o.joint_c, dof=dof, eta=config.eta,
                   eta_c=config.step_size_c, batch=config.batch,
                   noise_sd=math.sqrt(config.label_noise))
     chat = params.c_hat0.copy() if chat is None else chat
@@ -109,8 +154,8 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
     n_cp = len(cp)
     rec = {"m": np.empty((runs, n_cp)), "mu": np.empty((runs, n_cp)),
            "nu": np.empty((runs, n_cp)),
-           "pw": np.empty((runs, n_cp, 0 if config.project else k)),
-           "chat": np.empty((runs, n_cp, k if config.joint_c else 0))}
+           "pw": np.empty((runs, n_cp, 0 if config.options.project else k)),
+           "chat": np.empty((runs, n_cp, k if config.options.joint_c else 0))}
     div = np.full(runs, -1, dtype=np.int64)
     hit = np.full(runs, -1, dtype=np.int64)
     code, hp = act_code(act.name)
@@ -120,7 +165,7 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
         advance = cuda_kernel.advance_runs
     else:
         advance = _kernel.advance_runs
-    hyp = make_hyper(config.project, config.joint_c, code, hp, dof, config.eta,
+    hyp = make_hyper(config.options.project, config.options.joint_c, code, hp, dof, config.eta,
                      config.step_size_c, config.batch, common["noise_sd"], n_steps,
                      stop_level, stop_abs)
     with numba.parallel_chunksize(1):  # runs to threads one at a time (unequal costs)
@@ -128,49 +173,44 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
                 Runs(states, mu, nu, pw, chat, div, hit),
                 Records(np.asarray(cp, dtype=np.int64), rec["m"], rec["mu"], rec["nu"],
                         rec["pw"], rec["chat"]))
-    rec["pw"] = rec["pw"] if not config.project else None
-    rec["chat"] = rec["chat"] if config.joint_c else None
+    rec["pw"] = rec["pw"] if not config.options.project else None
+    rec["chat"] = rec["chat"] if config.options.joint_c else None
     return rec, div, hit
 
 
 def simulate_reduced(config: RunConfig, *, backend: str | None = None,
                      _chi2_dof: int | None = None) -> Trajectory:
-    """Simulate ``config`` with the exact reduced chain; same outputs as the full engine.
+    """Simulate ``config`` with its learner's exact chain; same outputs as the full engine.
 
     backend : ``numba`` (CPU default; computes in float64 whatever ``config.dtype``) or
-    ``torch`` (default on CUDA; honours ``config.dtype``). Raises ValueError where
-    :func:`reduced_supported` says no. ``_chi2_dof`` is a test hook (wrong χ² law).
+    ``torch`` (default on CUDA; honours ``config.dtype``), where the chain has them. Raises
+    ValueError where :func:`reduced_supported` says no. ``_chi2_dof`` is a test hook (wrong
+    χ² law).
     """
-    config.validate()
-    ok, why = reduced_supported(config)
+    return _supported_chain(config).simulate(config, backend=backend, _chi2_dof=_chi2_dof)
+
+
+def simulate_resolved(run) -> Trajectory:
+    """A run resolved once (:class:`~dynamics.resolve.ResolvedRun`: validated, instances
+    built) on its learner's chain, with those instances; ValueError where the chain does
+    not cover it (``--engine reduced`` asked where it is not exact)."""
+    ok, why = reduced_supported(run.config)
     if not ok:
         raise ValueError(why)
-    if config.learner == "glm":
-        return glm_chain.simulate_glm(config, backend=backend, _chi2_dof=_chi2_dof)
-    if config.learner == "lora":
-        return rank_simulate.simulate_rank_reduced(config)
-    steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
-    return _record(config, backend, steps, _chi2_dof)
+    return run.learner.exact_chain().simulate(run.config, instances=run.run_instances)
 
 
 def initial_trajectory(config: RunConfig, *, backend: str | None = None) -> Trajectory:
     """The runs' initial state only (one checkpoint, step 0), exactly as
     :func:`simulate_reduced` records it; what a first-passage-only scaling cell stores
-    beside its exact hitting times (:func:`first_passage_reduced`, same streams). Rank-1
-    ``finetune`` chain only."""
-    config.validate()
-    ok, why = reduced_supported(config)
-    if not ok:
-        raise ValueError(why)
-    if config.learner != "finetune":
-        raise ValueError(f"initial_trajectory: learner {config.learner!r} is not supported "
-                         "(finetune only)")
-    return _record(config, backend, np.zeros(1, dtype=np.int64), None)
+    beside its exact hitting times (:func:`first_passage_reduced`, same streams). Chains with
+    ``records_start`` only (the rank-1 chain)."""
+    return _supported_chain(config).initial_trajectory(config, backend=backend)
 
 
-def _record(config, backend, steps, dof) -> Trajectory:
+def _record(config, backend, steps, dof, instances=None) -> Trajectory:
     """Run the rank-1 chain to ``steps[-1]``, recording at ``steps``."""
-    instances = config.run_instances()
+    instances = config.run_instances() if instances is None else instances
     params = pack_instances(instances)
     backend, device = _choose_backend(config, backend, instances[0].activation.name)
     states, mu, nu, m0 = _initial_state(config, params, instances)
@@ -182,7 +222,7 @@ def _record(config, backend, steps, dof) -> Trajectory:
 def _trajectory(config, instances, steps, rec, div, m0, backend, device) -> Trajectory:
     """Observables as the full engine records them (:mod:`dynamics.assembly`)."""
     coords = None
-    if loss_kind(config) != LOSS_EXACT or config.refit:
+    if loss_kind(config) != LOSS_EXACT or config.options.refit:
         pw = rec["pw"] if rec["pw"] is not None else np.zeros(rec["m"].shape + (instances[0].k,))
         coords = np.concatenate([pw, rec["mu"][..., None], rec["nu"][..., None]], -1)
     records = {"overlap": rec["m"], "c_hat": rec["chat"], "coords": coords}
@@ -198,17 +238,8 @@ def first_passage_reduced(config: RunConfig, level: float, max_steps: int | None
     Each run stops at its hit, so the cost is the hitting time, not the horizon
     (``max_steps``, default ``config.steps``). Diverged runs count as never.
     """
-    config.validate()
-    ok, why = reduced_supported(config)
-    if not ok:
-        raise ValueError(why)
     if not math.isfinite(level):
         raise ValueError(f"level must be finite, got {level}")
-    if config.learner == "glm":
-        return glm_chain.first_passage_glm(config, level, max_steps, absolute=absolute,
-                                           backend=backend)
-    if config.learner == "lora":  # all r singular values ≥ level (absolute by nature)
-        return rank_simulate.first_passage_rank(config, level, max_steps)
     return first_passages_reduced(config, [level], max_steps, absolute=absolute,
                                   backend=backend)[0]
 
@@ -216,30 +247,24 @@ def first_passage_reduced(config: RunConfig, level: float, max_steps: int | None
 def first_passages_reduced(config: RunConfig, levels, max_steps: int | None = None, *,
                            absolute: bool = True, backend: str | None = None) -> np.ndarray:
     """(L, R) first steps at which m ≥ each of ``levels`` (|m| if ``absolute``), NaN if not
-    by max_steps; the same numbers as :func:`first_passage_reduced` level by level.
-
-    Rank-1 chain: ONE pass per run over the sorted levels: after its hit of one level a run
-    resumes from its full state (chain and stream) towards the next, so a run costs its
-    hitting time of the highest level it reaches. Other learners: one pass per level.
-    """
+    by max_steps; the same numbers as :func:`first_passage_reduced` level by level (the
+    learner's chain: ``ExactChain.first_passages``)."""
     levels = [float(x) for x in levels]
     if not levels or not all(math.isfinite(x) for x in levels):
         raise ValueError(f"levels must be finite numbers, got {levels}")
-    config.validate()
-    ok, why = reduced_supported(config)
-    if not ok:
-        raise ValueError(why)
-    if config.learner == "glm":
-        return np.array([glm_chain.first_passage_glm(config, x, max_steps, absolute=absolute,
-                                                     backend=backend) for x in levels])
-    if config.learner == "lora":  # all r singular values ≥ level (absolute by nature)
-        return np.array([rank_simulate.first_passage_rank(config, x, max_steps)
-                         for x in levels])
+    chain = _supported_chain(config)
+    return chain.first_passages(config, levels, max_steps, absolute=absolute, backend=backend)
+
+
+def _first_passages(config, levels, max_steps, absolute, backend) -> np.ndarray:
+    """Rank-1 chain: ONE pass per run over the sorted levels: after its hit of one level a run
+    resumes from its full state (chain and stream) towards the next, so a run costs its
+    hitting time of the highest level it reaches."""
     instances = config.run_instances()
     backend, device = _choose_backend(config, backend, instances[0].activation.name)
     if backend == "torch" and len(levels) > 1:  # no resumable state: a fresh pass per level
-        return np.array([first_passages_reduced(config, [x], max_steps, absolute=absolute,
-                                                backend=backend)[0] for x in levels])
+        return np.array([_first_passages(config, [x], max_steps, absolute, backend)[0]
+                         for x in levels])
     params = pack_instances(instances)
     states, mu, nu, m0 = _initial_state(config, params, instances)
     horizon = int(config.steps if max_steps is None else max_steps)
@@ -252,7 +277,7 @@ def first_passages_reduced(config: RunConfig, levels, max_steps: int | None = No
     for j in order:
         level = levels[j]
         now = params.prm[params.inst_idx, 4 * k] * mu
-        if not config.project:
+        if not config.options.project:
             now = now + np.einsum("ri,ri->r", pw, params.prm[params.inst_idx, 3 * k:4 * k])
         already = alive & ((np.abs(now) if absolute else now) >= level)
         out[j, already] = elapsed[already]

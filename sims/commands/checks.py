@@ -47,23 +47,23 @@ def check_instance_seeds(config, where: str = "instance spec") -> None:
                          f"{seed}{extra}")
 
 
-def eta_warning(config, option: str = "--eta") -> str | None:
-    """The one-line warning for an η above the stability limit of the instance
-    (:func:`hermite.stability.step_limit`; finetune learner on unit-row instances, where the
-    theory applies; every ξ of ``xi_values``), or None."""
-    if config.learner != "finetune":
-        return None
+def eta_warning(config, option: str = "--eta", instances=None) -> str | None:
+    """The one-line warning for an η above the stability limit of the instances
+    (``Learner.step_limit``: finetune on unit-row instances, where the theory applies; every
+    ξ of ``xi_values``), or None. ``instances``: the runs' distinct resolved instances
+    (default: the spec's with each ξ, built here)."""
     try:
         from dynamics.instance import build_instance
-        from hermite.stability import step_limit
+        from dynamics.learners import get_learner
 
+        learner = get_learner(config.learner)
+        if instances is None:
+            instances = [build_instance(dict(config.instance) if xi is None
+                                        else dict(config.instance, xi=xi))
+                         for xi in (config.xi_values or [None])]
         worst = None
-        for xi in (config.xi_values or [None]):
-            spec = dict(config.instance) if xi is None else dict(config.instance, xi=xi)
-            inst = build_instance(spec)
-            if not inst.unit_rows:
-                return None
-            lim = step_limit(inst, config.eta, inst.d, label_noise=config.label_noise)
+        for inst in instances:
+            lim = learner.step_limit(config, inst)
             if lim is not None and (worst is None or lim.ratio > worst.ratio):
                 worst = lim
     except (ImportError, ValueError, ArithmeticError):
@@ -72,20 +72,22 @@ def eta_warning(config, option: str = "--eta") -> str | None:
 
 
 def preflight(spec, config, *, out, plot=None, force: bool = False,
-              names: dict | None = None) -> list[str]:
-    """Every check of ``loradyn run`` before it simulates (module docstring); the warning
-    lines (already printed). Raises a one-line ValueError naming the option."""
+              names: dict | None = None, instance=None):
+    """Every check of ``loradyn run`` before it simulates (module docstring), on the run
+    resolved once here (:func:`dynamics.resolve.resolve_run`: validation, instances, engine,
+    memory; ``instance``: the spec's, if built already), which it returns for the engine.
+    Warnings are printed; problems raise a one-line ValueError naming the option."""
+    from dynamics.resolve import resolve_run
+
+    check_instance_seeds(config)
+    resolved = resolve_run(config, instance=instance, names=names or RUN_NAMES)
     check_outputs([Output("--out", out, "hdf5"),
                    Output("--plot", plot, "figure") if plot else None],
                   [Input("SPEC", spec)], force=force)
-    check_instance_seeds(config)
-    check_memory(config, names or RUN_NAMES)
-    lines = []
-    message = eta_warning(config)
+    message = eta_warning(config, instances=resolved.instances)
     if message:
-        lines.append(message)
         warn(message)
-    return lines
+    return resolved
 
 
 def health(traj) -> dict:

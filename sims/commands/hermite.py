@@ -267,12 +267,11 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, as_
     _emit(payload, as_json, human)
 
 
-COMMITTEE_LEARNERS = ("scratch", "scratch-csq", "sparse")
-
-
 @hermite.command("committee")
 @click.argument("spec", type=click.Path(dir_okay=False))
-@click.option("--learner", type=click.Choice(COMMITTEE_LEARNERS), default="scratch")
+@click.option("--learner", default="scratch", metavar="NAME",
+              help="A network learner (one with a committee ODE: scratch, scratch-csq, "
+                   "sparse).")
 @click.option("--eta", type=float, required=True, help="Step size eta > 0 (lr = eta*d).")
 @click.option("--steps", type=click.IntRange(min=1), required=True, help="Horizon T (SGD steps).")
 @click.option("--width", type=click.IntRange(min=1), default=None,
@@ -302,7 +301,10 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
     alignment at log-spaced steps (and α = steps/d) from run 0's initial overlaps."""
     from dynamics.committee_overlay import committee_model, committee_state, integrate
     from dynamics.config import RunConfig
+    from dynamics.errors import ForeignOptionError
     from dynamics.instance import build_instance, load_spec
+    from dynamics.learners import LEARNERS, get_learner
+    from dynamics.learners.options import option_names
 
     if not math.isfinite(eta) or eta <= 0:
         raise click.BadParameter(f"must be > 0, got {eta:g}", param_hint="'--eta'")
@@ -314,28 +316,32 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
         raise ValueError(f"instance spec {spec}: key 'd' is required (lr = eta·d)")
     if not inst.unit_rows:
         raise ValueError("the committee ODE needs the unit-row convention")
-    options, runs = {}, 1
-    if learner in ("scratch", "scratch-csq"):
-        options = {"rows": rows, "init_scale": init_scale, "init_rows": init_rows,
-                   "init_frame": init_frame}
-    elif rows != "unit" or init_scale != 1.0 or init_rows is not None:
-        raise ValueError(f"--rows, --init-scale and --init-rows are scratch/scratch-csq "
-                         f"options, not {learner}'s")
+    having = [n for n in LEARNERS if get_learner(n).committee_loss is not None]
+    if learner not in having:
+        raise click.BadParameter(f"{learner!r} has no committee ODE; valid: "
+                                 f"{', '.join(having)}", param_hint="'--learner'")
+    cls = get_learner(learner)
+    runs = 1
     if init_rows is not None:
         if init_overlap is not None:
             raise ValueError("--init-rows and --init-overlap both set the start: give one")
         given = given_rows(init_rows)  # ConfigError naming the file's problem
         runs = given.array.shape[0] if given.per_run else 1
-    if learner == "scratch":
-        options |= {"width": width, "train_second_layer": train_second_layer, "eta_c": eta_c}
-    elif width is not None or train_second_layer or eta_c is not None:
-        raise ValueError(f"--width, --train-second-layer and --eta-c are scratch options, "
-                         f"not {learner}'s")
-    config = RunConfig(spec_dict, learner=learner, eta=eta, steps=steps, runs=runs, seed=seed,
-                       batch=batch, label_noise=label_noise, **options).validate()
+    # an option the learner does not take is a one-line ForeignOptionError (defaults pass)
+    options = {"rows": rows, "init_scale": init_scale, "init_rows": init_rows,
+               "init_frame": init_frame, "width": width,
+               "train_second_layer": train_second_layer, "eta_c": eta_c}
+    try:
+        config = RunConfig(spec_dict, learner=learner, eta=eta, steps=steps, runs=runs,
+                           seed=seed, batch=batch, label_noise=label_noise, **options)
+    except ForeignOptionError as exc:
+        flags = ", ".join("--" + n.replace("_", "-") for n in option_names(cls.Options))
+        raise ValueError(f"--{exc.field.replace('_', '-')} is not an option of learner "
+                         f"{learner!r} (its options: {flags or 'none'})") from None
+    config.validate()
     cross, gram, lam_hat, mask = _committee_start(config, init_overlap)
-    trained = learner == "scratch" and train_second_layer
-    model = committee_model(inst, loss="correlation" if learner == "scratch-csq" else "squared",
+    trained = getattr(config.options, "train_second_layer", False)
+    model = committee_model(inst, loss=cls.committee_loss,
                             eta=eta, eta_c=config.step_size_c if trained else None,
                             label_noise=label_noise, batch=batch, trainable=mask,
                             second_order=not first_order, rows=rows, method=integrals)
@@ -347,7 +353,7 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
             raise ValueError(f"--init-overlap {init_overlap:g}: {exc}") from None
     ck = _checkpoints(steps, checkpoints)
     loss, align, integrator = integrate(model, state, ck, inst.d,
-                                        diagonal=learner == "sparse")
+                                        diagonal=cls.diagonal_alignment)
     payload = {"learner": learner, "rows": rows, "eta": eta, "lr": eta * inst.d, "d": inst.d,
                "order": 1 if first_order else 2, "integrator": integrator,
                "init": _start_label(init_overlap, init_rows, seed),

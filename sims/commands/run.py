@@ -20,6 +20,8 @@ from dynamics.defaults import (
 )
 from dynamics.engine import simulate
 from dynamics.instance import build_instance, load_spec
+from dynamics.learners import get_learner
+from dynamics.learners.registry import default_learner
 from sims.commands.checks import (
     blowup_lines,
     health,
@@ -36,34 +38,36 @@ from sims.plots.quick import instance_title, plot_run
 __all__ = ["run", "run_config", "summary_json"]
 
 
-def run_config(spec_path, *, eta, steps, **options) -> tuple[RunConfig, list[str]]:
-    """Build and validate the RunConfig; ``eta``/``steps`` None → defaults (noted in the list)."""
-    spec = load_spec(spec_path)
-    base = build_instance(spec)
+def run_config(spec_path, *, eta, steps, spec: dict | None = None, base=None,
+               **options) -> tuple[RunConfig, list[str]]:
+    """Build the RunConfig (validated by :func:`dynamics.resolve.resolve_run`, in the
+    pre-flight checks); ``eta``/``steps`` None → defaults (noted in the list).
+    ``spec``/``base``: the spec dict and its instance when the caller has them already."""
+    spec = load_spec(spec_path) if spec is None else spec
+    base = build_instance(spec) if base is None else base
     if base.d is None:
         raise ValueError(f"instance spec {spec_path}: key 'd' is required to simulate")
     notes = []
     if eta is None:
         eta = default_eta(base)
-        if options.get("learner", "finetune") != "moment":  # moment takes no steps of size η
+        if get_learner(options.get("learner", default_learner())).takes_step_size:
             notes.append(f"η = {eta * base.d:.3g}/d = {eta:.3g} (default)")
     if steps is None:
         steps = default_steps(base, eta)
         source = ("from the population ODE" if has_population_ode(base) else
                   f"{FALLBACK_PER_D}·d: no population ODE of m for this instance")
         notes.append(f"steps = {steps} (default, {source})")
-    config = RunConfig(instance=spec, eta=eta, steps=steps, **options)
-    return config.validate(), notes
+    return RunConfig(instance=spec, eta=eta, steps=steps, **options), notes
 
 
-def default_learner(spec_path) -> str:
-    """``scratch`` for a committee teacher (learnt from scratch only), else ``finetune``;
-    an unreadable spec gives ``finetune`` (``run_config`` then names its problem)."""
+def spec_learner(spec: dict) -> str:
+    """The learner of a run without ``--learner``: the first that learns the spec's teacher
+    (``registry.default_learner``: finetune; scratch for a committee teacher); an unknown
+    teacher gives the default (validation then names it)."""
     try:
-        committee = load_spec(spec_path).get("teacher") == "committee"
-    except Exception:  # noqa: BLE001 - reported by run_config with its own message
-        committee = False
-    return "scratch" if committee else "finetune"
+        return default_learner(str(spec.get("teacher", "finetune")))
+    except ValueError:
+        return default_learner()
 
 
 def summary_json(traj) -> dict:
@@ -155,19 +159,24 @@ def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, 
         xi_values, instance_seeds, dtype, device, engine, streams, out, plot, finite_d_theory,
         as_json, force=False, **options):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
-    learner = learner or default_learner(spec)
+    spec_dict = load_spec(spec)  # read once
+    learner = learner or spec_learner(spec_dict)
+    base = build_instance(spec_dict)  # the spec's instance, built once
+    options = given_options(click.get_current_context(), options, learner)
     config, notes = run_config(
-        spec, eta=eta, steps=steps, learner=learner, runs=runs, seed=seed, batch=batch,
+        spec, spec=spec_dict, base=base, eta=eta, steps=steps, learner=learner, runs=runs,
+        seed=seed, batch=batch,
         label_noise=label_noise, checkpoints=checkpoints, spacing=spacing,
         xi_values=list(xi_values) or None, instance_seeds=instance_seeds, dtype=dtype,
         device=device, engine=engine, streams=streams, finite_d_theory=finite_d_theory,
-        **given_options(click.get_current_context(), options, learner))
-    preflight(spec, config, out=out, plot=plot, force=force)  # before any compute
+        **options)
+    resolved = preflight(spec, config, out=out, plot=plot, force=force,
+                         instance=base)  # before any compute; validated there already
     with memory_guard():
-        traj = simulate(config, progress=sys.stderr.isatty())
+        traj = simulate(resolved, progress=sys.stderr.isatty())
     for line in blowup_lines(health(traj)):
         warn(line)
-    write_trajectory(out, traj, config, config.run_instances())
+    write_trajectory(out, traj, config)  # the instances the trajectory carries
     if plot:
         plot_run(traj, plot, instance_title(config))
     if as_json:

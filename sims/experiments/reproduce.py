@@ -82,11 +82,16 @@ def _suffix(convention: str, sep: str) -> str:
 def check_convention(recipe: Recipe, convention: str) -> None:
     """ValueError (one line) when the recipe needs a learner the convention does not run
     (App. B conventions: ``finetune`` only)."""
+    from dynamics.learners import LEARNERS, get_learner
+    from dynamics.learners.registry import default_learner
+
     _suffix(convention, "")
-    if convention != "unit" and recipe.learner not in (None, "finetune"):
-        raise ValueError(f"{recipe.name} needs the learner '{recipe.learner}', which the "
+    learner = get_learner(recipe.learner or default_learner())
+    if convention not in learner.conventions:
+        runs = [n for n in LEARNERS if convention in get_learner(n).conventions]
+        raise ValueError(f"{recipe.name} needs the learner '{learner.name}', which the "
                          f"App. B convention '{convention}' does not support (it runs "
-                         f"'finetune' only)")
+                         f"{', '.join(repr(n) for n in runs)} only)")
 
 
 def get_recipe(name: str) -> Recipe:

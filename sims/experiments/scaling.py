@@ -219,6 +219,7 @@ class ScalingResult:
     fits: dict = field(default_factory=dict)  # "level"/"strong" → PowerLawFit | None
     errors: dict = field(default_factory=dict)
     title: str = ""
+    overlap_label: str = "|⟨û, u⟩|"  # what the overlap measures (``Learner.overlap_label``)
 
 
 def analyse(sweep_path, spec: ScalingSpec) -> ScalingResult:
@@ -234,8 +235,12 @@ def analyse(sweep_path, spec: ScalingSpec) -> ScalingResult:
                                      strong_first_passage=spec.mode == "first_passage")
         t_level.append(a)
         t_strong.append(b)
+    from dynamics.learners import get_learner
+
+    config = by_d[spec.d[0]].config
     result = ScalingResult(spec, np.array(spec.d), t_level, t_strong, source,
-                           title=_title(by_d[spec.d[0]].config, spec))
+                           title=_title(config, spec), overlap_label=get_learner(
+                               config.get("learner", "finetune")).overlap_label)
     for name, times in (("level", t_level), ("strong", t_strong)):
         try:
             result.fits[name] = fit_power_law(spec.d, times, n_boot=max(spec.n_boot, 1),
@@ -246,27 +251,22 @@ def analyse(sweep_path, spec: ScalingSpec) -> ScalingResult:
 
 
 def _title(config: dict, spec: ScalingSpec) -> str:
+    from dynamics.learners import get_learner
+
     inst = config["instance"]
-    variant = ("projected" if config.get("project", True) else "unprojected") + (
-        ", joint ĉ" if config.get("joint_c") else ", frozen ĉ")
-    setting = (f"σ = {inst.get('activation')}, k = {inst.get('k')}, "
-               f"ξ = {inst.get('xi', 1.0):g}, W = {inst.get('W', 'orthonormal')}, "
-               f"learner = {config.get('learner')} ({variant})")
-    if config.get("learner") == "glm":  # W, ξ, ĉ and projection do not enter
-        setting = f"σ = {inst.get('activation')}, learner = glm (single index, full sphere)"
-    if config.get("learner") == "lora":
-        spectrum = inst.get("spectrum")
-        rank = f"rank {config.get('rank', 1)}" + (f", C spectrum {spectrum}" if spectrum else "")
-        setting = setting.replace("learner = lora (", f"learner = lora ({rank}, ")
+    learner = get_learner(config.get("learner", "finetune"))
+    shown = {"k": f"k = {inst.get('k')}", "xi": f"ξ = {inst.get('xi', 1.0):g}",
+             "W": f"W = {inst.get('W', 'orthonormal')}"}
+    setting = ", ".join([f"σ = {inst.get('activation')}"]
+                        + [shown[key] for key in learner.instance_keys]
+                        + [f"learner = {learner.name} ({learner.variant(config)})"])
     return (f"{setting}; η = c/{_power(spec.eta_exponent)}, c = {spec.c:g}; "
             f"steps = {spec.horizon:g}·{_power(spec.horizon_exponent)}; "
             f"{config.get('runs')} runs per d")
 
 
 def _overlap_note(result) -> str:
-    if "learner = lora" in result.title:
-        return "; overlap taken as σ_min(UᵀÛ) (all r directions)"
-    return "; overlap taken as |⟨û, u⟩|"
+    return f"; overlap taken as {result.overlap_label}"
 
 
 def _power(exponent: float) -> str:

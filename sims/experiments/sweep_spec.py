@@ -21,7 +21,7 @@ import tomllib
 
 from dynamics.config import RunConfig
 from dynamics.instance import SPEC_KEYS, load_spec
-from dynamics.learners.given_rows import given_rows
+from dynamics.learners import get_learner
 from dynamics.learners.options import all_options
 
 __all__ = [
@@ -139,13 +139,16 @@ class SweepSpec:
         except ValueError as exc:
             raise SweepSpecError(f"{where}: {exc}") from None
         if not self.trajectory:
+            from dynamics.learners import get_learner
             from dynamics.reduced import reduced_supported
 
             ok, why = reduced_supported(config)  # what engine "auto" would choose by
-            if config.engine == "full" or not ok or config.learner != "finetune":
+            chain = get_learner(config.learner).exact_chain()
+            if config.engine == "full" or not ok or not chain.records_start:
                 raise SweepSpecError(
                     f"{where}: trajectory = false needs the reduced engine and the finetune "
-                    f"learner ({why or 'engine ' + repr(config.engine)})")
+                    f"learner's chain, one that records the start alone "
+                    f"({why or 'engine ' + repr(config.engine)})")
         digest = cell_hash(config, self.first_passage, self.absolute, self.trajectory)
         return Cell(index, setting, config, self.first_passage, self.absolute, digest,
                     self.trajectory)
@@ -216,8 +219,9 @@ def cell_hash(config: RunConfig, first_passage=(), absolute=True, trajectory=Tru
     defaults = _defaults()
     data = {k: v for k, v in config.to_dict().items()
             if k not in defaults or v != defaults[k]}
-    if config.init_rows is not None:  # the rows' content, not only their path
-        data["init_rows_sha256"] = given_rows(config.init_rows).sha256
+    rows = get_learner(config.learner).given_rows(config)
+    if rows is not None:  # the rows' content, not only their path
+        data["init_rows_sha256"] = rows.sha256
     cell = {"format_version": SWEEP_FORMAT_VERSION, "config": data,
             "first_passage": [float(x) for x in first_passage], "absolute": bool(absolute)}
     if not trajectory:

@@ -36,7 +36,6 @@ __all__ = [
     "TrajectoryFileError",
     "write_trajectory",
     "read_trajectory",
-    "read_meta",
     "check_writable",
     "git_commit",
     "package_version",
@@ -197,10 +196,18 @@ def _default_mode() -> int:
     return 0o666 & ~mask
 
 
-def write_trajectory(path, traj: Trajectory, config, instances, *, created: str | None = None
-                     ) -> Path:
-    """Write one trajectory file atomically (temporary file + ``os.replace``)."""
+def write_trajectory(path, traj: Trajectory, config, instances=None, *,
+                     created: str | None = None) -> Path:
+    """Write one trajectory file atomically (temporary file + ``os.replace``).
+
+    ``instances``: the runs' resolved instances; default: those the trajectory carries
+    (``Trajectory.instances``, set by every engine), so nothing is rebuilt.
+    """
     path = check_writable(path)
+    if instances is None:
+        instances = traj.instances
+    if instances is None:
+        raise ValueError("write_trajectory: the trajectory carries no instances; pass them")
     distinct, index = _distinct(instances)
     meta = {
         "loradyn_version": package_version(),
@@ -308,13 +315,6 @@ def _attrs(f: h5py.File) -> dict:
     if "config" in out:
         out["config"] = json.loads(out["config"])
     return out
-
-
-def read_meta(path) -> dict:
-    """The root attributes of a checked trajectory file (config parsed from JSON)."""
-    with open_hdf5(path) as f:
-        _check(f, path)
-        return _attrs(f)
 
 
 def read_trajectory(path) -> tuple[Trajectory, dict]:

@@ -1,0 +1,53 @@
+"""What a learner's exact reduced chain offers (:meth:`dynamics.learners.base.Learner.exact_chain`).
+
+A chain simulates a learner's runs with exactly the law of the full engine at a cost per step
+independent of d (rotation invariance; each chain's module derives its state and step). The
+public entry points of :mod:`dynamics.reduced` ask the learner for its chain and call these
+methods; nothing outside the learner's file names which chain a learner has.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["ExactChain", "unit_convention"]
+
+
+def unit_convention(config) -> tuple[bool, str]:
+    """(False, reason) for the App. B conventions (fixed row scale: no chain reduces them)."""
+    if config.instance.get("convention", "unit") != "unit":
+        return False, ("reduced engine: the App. B conventions (fixed row scale) are not "
+                       "reduced; use --engine full")
+    return True, ""
+
+
+class ExactChain:
+    """An exact overlap chain (subclasses implement every method but
+    :meth:`initial_trajectory`, which only chains with ``records_start`` provide)."""
+
+    name = "?"
+    #: the chain can record the runs' start alone (``initial_trajectory``): what a sweep cell
+    #: with ``trajectory = false`` stores beside its exact first passages
+    records_start = False
+
+    def supported(self, config) -> tuple[bool, str]:
+        """(True, "") when the chain is exact for ``config``, else (False, one-line reason)."""
+        raise NotImplementedError
+
+    def simulate(self, config, *, instances=None, backend: str | None = None,
+                 _chi2_dof: int | None = None):
+        """The :class:`~dynamics.trajectory.Trajectory` of ``config`` (validated and
+        supported); ``instances``: the runs' resolved instances (default: built from the
+        config); ``_chi2_dof`` is a test hook (a deliberately wrong χ² law)."""
+        raise NotImplementedError
+
+    def first_passages(self, config, levels, max_steps: int | None = None, *,
+                       absolute: bool = True, backend: str | None = None) -> np.ndarray:
+        """(L, R) first steps at which each run's overlap reaches each level (NaN: not by
+        ``max_steps``, default ``config.steps``; diverged runs never)."""
+        raise NotImplementedError
+
+    def initial_trajectory(self, config, *, backend: str | None = None):
+        """The runs' start only (one checkpoint, step 0), as :meth:`simulate` records it."""
+        raise ValueError(f"initial_trajectory: the {self.name} chain does not record the start "
+                         "alone")
