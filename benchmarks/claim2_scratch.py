@@ -24,11 +24,11 @@ Theory (issue 17, part 4, "Claim 2 from theory"; docs/theory/committee.md):
   (``hermite.corrected_steps_to_reach``), first passage of 0.9, medians beside SGD's T_ft;
 * from scratch: per run, the committee-machine ODE (``hermite.committee``, unit rows) from the
   run's own initial overlaps (Q₀, R₀, λ̂₀ — the very rows the SGD run starts from), integrated
-  with an event on ε(α) = L* (:func:`ode_first_passage`) up to α_max = ``--ode-steps``/d,
-  far beyond the SGD budget. A run whose ODE stops at a *linearly stable fixed point* with
-  ε > L* (:func:`stable_fixed_point`: a Newton step < 1e-6 to a zero of the drift whose
-  Jacobian has only eigenvalues with negative real part) never gets there: ``stuck``; one that
-  ends at α_max at a non-hyperbolic rest point (a row or a teacher neuron left at R ≈ 0, where
+  with an event on ε(α) = L* (``hermite.committee.committee_first_passage``) up to α_max =
+  ``--ode-steps``/d, far beyond the SGD budget. A run whose ODE stops at a *linearly stable
+  fixed point* with ε > L* (``hermite.committee.stable_fixed_point``: a Newton step < 1e-6 to
+  a zero of the drift whose Jacobian has only eigenvalues with negative real part) never gets
+  there: ``stuck``; one that ends at α_max at a non-hyperbolic rest point (a row or a teacher neuron left at R ≈ 0, where
   the He₃ drift is quadratic) is ``stalled``. Also the ODE's *escape* step, where some
   |R_km| first reaches 0.5 (the end of the initial plateau: the quantity whose scaling in d is
   the plateau law).
@@ -125,11 +125,8 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
-import scipy.integrate
-import scipy.optimize
 
 import hermite
 from dynamics.committee_overlay import ODE_EVALS, committee_model, committee_state, plan_order
@@ -137,13 +134,9 @@ from dynamics.config import RunConfig
 from dynamics.engine import FullRun, simulate
 from dynamics.instance import build_instance
 from dynamics.learners.directions import initial_directions
-from hermite.committee import CommitteeModel, CommitteeState, committee_loss, committee_terms
+from hermite.committee import ESCAPE_OVERLAP, FirstPassage, committee_first_passage
 
 LOSS_OF = {"scratch": "squared", "scratch-csq": "correlation"}
-NEWTON_TOL = 1e-6  # a stable fixed point: the Newton step to the drift's zero is shorter
-DRIFT_GATE = 1e-6  # the Jacobian is only computed where max |drift| is below this
-ESCAPE_OVERLAP = 0.5  # the initial plateau ends when some row's |cosine| to a teacher row does
-ODE_RTOL, ODE_ATOL = 1e-7, 1e-10
 
 
 def first_hit(steps: np.ndarray, hit: np.ndarray) -> np.ndarray:
@@ -177,189 +170,6 @@ def target_loss(inst, level: float = 0.9) -> float:
 
 
 # ------------------------------------------------------------------ committee ODE, first passage
-@dataclass(frozen=True)
-class OdeHit:
-    """One committee-ODE first passage (steps = α·d; inf = not reached).
-
-    step: first step with ε ≤ level; escape: first step where some |R_km| (a cosine: unit
-    rows, unit teacher rows) reaches ``ESCAPE_OVERLAP``; loss0, loss_end: ε at
-    the start and where the integration stopped (α_end); end: ``"hit"``; ``"stuck"`` (it
-    stopped at a linearly stable fixed point with ε > level: the ODE never reaches the level);
-    ``"stalled"`` (at α_max, max |drift| < ``DRIFT_GATE`` but not a hyperbolic fixed point:
-    typically a row or teacher neuron left at R ≈ 0, where the He₃ drift is quadratic, so
-    it escapes only on a time ∝ 1/R if at all); ``"horizon"`` (still moving at α_max);
-    ``"cap"`` (cut at the evaluation budget, α_end < α_max);
-    evaluations: drift evaluations; loss_probe: ε at α = ``alpha_probe`` (NaN: not asked, or
-    beyond where the integration stopped; a stuck state's ε is its value from there on). The
-    end "hit" counts from the first passage even when the integration went on to the probe."""
-
-    step: float
-    escape: float
-    loss0: float
-    loss_end: float
-    alpha_end: float
-    end: str
-    evaluations: int
-    loss_probe: float = math.nan
-
-    @property
-    def stuck(self) -> bool:
-        return self.end == "stuck"
-
-
-class _Free:
-    """The committee flow on its free coordinates z: Q_kl (k < l; Q stays symmetric with unit
-    diagonal), every R_km, v_k if the second layer is trained (λ̂ frozen: v is constant).
-    ``full(z)`` is the packed state, ``drift(z)`` dz/dα; ``evaluations`` counts drifts."""
-
-    def __init__(self, model: CommitteeModel, st: CommitteeState):
-        self.model, self.st = model, st
-        K, M = st.K, st.M
-        size = K * K + K * M + K
-        idx, pairs = [], []
-        for k in range(K):
-            for m in range(k + 1, K):
-                idx.append(k * K + m)
-                pairs.append((k * K + m, m * K + k))
-        idx += list(range(K * K, K * K + K * M))
-        if model.lr_v is not None:
-            idx += list(range(K * K + K * M, size))
-        self.idx = np.array(idx)
-        self.mirror = np.array([b for _, b in pairs], dtype=int)
-        self.n_pairs = len(pairs)
-        self.base = st.pack()
-        self.evaluations = 0
-
-    def full(self, z: np.ndarray) -> np.ndarray:
-        y = self.base.copy()
-        y[self.idx] = z
-        y[self.mirror] = z[: self.n_pairs]
-        return y
-
-    def z(self, y: np.ndarray) -> np.ndarray:
-        return np.asarray(y)[self.idx].copy()
-
-    def drift(self, z: np.ndarray) -> np.ndarray:
-        self.evaluations += 1
-        return committee_terms(self.model, self.st.unpack(self.full(z)),
-                               check=False).drift.pack()[self.idx]
-
-    def loss(self, z: np.ndarray) -> float:
-        return committee_loss(self.model, self.st.unpack(self.full(z)), check=False)
-
-    def max_overlap(self, z: np.ndarray) -> float:
-        return float(np.abs(self.st.unpack(self.full(z)).R).max())
-
-
-def stable_fixed_point(model: CommitteeModel, st: CommitteeState, y: np.ndarray,
-                       flow: _Free | None = None, h: float = 1e-6
-                       ) -> tuple[bool, float, float]:
-    """(stable, Newton step length, max Re eigenvalue) at the packed state ``y``.
-
-    The drift f on the free coordinates (:class:`_Free`), its Jacobian J by central
-    differences (step h); ``stable`` when |J⁻¹f|∞ < ``NEWTON_TOL`` (y is that close to a zero of
-    the drift) and every eigenvalue of J has a negative real part (below −1e-9·η̄: an exactly
-    marginal direction, such as an unlearned teacher neuron's R = 0 under an odd
-    activation's first-order drift, does not count). Only computed where max |f| <
-    ``DRIFT_GATE`` (else (False, inf, nan))."""
-    flow = flow if flow is not None else _Free(model, st)
-    z = flow.z(y)
-    f = flow.drift(z)
-    if np.abs(f).max() > DRIFT_GATE:
-        return False, math.inf, math.nan
-    J = np.empty((z.size, z.size))
-    for j in range(z.size):
-        e = np.zeros(z.size)
-        e[j] = h
-        J[:, j] = (flow.drift(z + e) - flow.drift(z - e)) / (2 * h)
-    try:
-        newton = float(np.abs(np.linalg.solve(J, f)).max())
-    except np.linalg.LinAlgError:
-        return False, math.inf, math.nan
-    lam_max = float(np.linalg.eigvals(J).real.max())
-    return bool(newton < NEWTON_TOL and lam_max < -1e-9 * float(model.lr)), newton, lam_max
-
-
-def ode_first_passage(model: CommitteeModel, state: CommitteeState, level: float, d: int, *,
-                      alpha_max: float, alpha_first: float | None = None,
-                      alpha_probe: float | None = None, max_evals: int | None = None,
-                      method: str = "LSODA", rtol: float = ODE_RTOL,
-                      atol: float = ODE_ATOL) -> OdeHit:
-    """First α with ε(α) ≤ ``level`` for the committee ODE from ``state``, as steps α·d.
-
-    One scipy ``OdeSolver`` (``method``; LSODA: the flow is stiff once rows have specialised)
-    on the free coordinates (:class:`_Free`), stepped up to ``alpha_max``; after each step the
-    crossings of ε = level (the hit: stop) and of max |R| = ``ESCAPE_OVERLAP`` (the escape)
-    are located on the step's dense output (Brent). From ``alpha_first`` (default α_max/4⁸)
-    on, :func:`stable_fixed_point` is checked at geometrically spaced α (sooner where the
-    last check's Newton step and slowest contraction rate predict convergence); a stable fixed
-    point above the level stops the integration (``stuck``). With ``alpha_probe`` the
-    integration goes on past a hit up to it, to record ε there. After ``max_evals`` drift
-    evaluations it stops where it is (ended ``cap``, at α_end < α_max). ε is the engine's
-    exact loss E(f* − f̂)² (any loss)."""
-    st = model.check_state(state)
-    flow = _Free(model, st)
-    z = flow.z(st.pack())
-    loss0 = flow.loss(z)
-    if loss0 <= level and alpha_probe is None:
-        return OdeHit(0.0, 0.0, loss0, loss0, 0.0, "hit", 0)
-    alpha_max = float(alpha_max)
-    probe = math.nan if alpha_probe is None else float(alpha_probe)
-    probe_loss = loss0 if probe == 0.0 else math.nan
-    hit = 0.0 if loss0 <= level else math.inf
-    check = float(alpha_first) if alpha_first is not None else alpha_max / 4.0**8
-    escape = 0.0 if flow.max_overlap(z) >= ESCAPE_OVERLAP else math.inf
-    solver = getattr(scipy.integrate, method)(lambda _t, zz: flow.drift(zz), 0.0, z,
-                                              alpha_max, rtol=rtol, atol=atol)
-
-    def crossing(fun, t0, t1):
-        dense = solver.dense_output()
-        return scipy.optimize.brentq(lambda t: fun(dense(t)), t0, t1, xtol=1e-12 * t1,
-                                     rtol=1e-12)
-
-    while solver.status == "running" and (max_evals is None or flow.evaluations < max_evals):
-        t0 = solver.t
-        msg = solver.step()
-        if solver.status == "failed":
-            raise RuntimeError(f"committee ODE: {msg}")
-        t1, z = solver.t, solver.y
-        if not np.all(np.isfinite(z)):
-            raise RuntimeError("committee ODE diverged")
-        if t0 < probe <= t1:
-            probe_loss = flow.loss(solver.dense_output()(probe))
-        if not math.isfinite(escape) and flow.max_overlap(z) >= ESCAPE_OVERLAP:
-            escape = crossing(lambda zz: flow.max_overlap(zz) - ESCAPE_OVERLAP, t0, t1) * d
-        end_loss = flow.loss(z)
-        if not math.isfinite(hit) and end_loss <= level:
-            hit = crossing(lambda zz: flow.loss(zz) - level, t0, t1)
-            escape = min(escape, hit * d)
-            if math.isnan(probe):  # stop at the first passage itself
-                return OdeHit(hit * d, escape, loss0, level, hit, "hit", flow.evaluations)
-        if math.isfinite(hit):
-            if t1 >= probe:
-                return OdeHit(hit * d, escape, loss0, end_loss, t1, "hit", flow.evaluations,
-                              probe_loss)
-            continue
-        if t1 >= check and solver.status == "running":
-            stable, newton, lam = stable_fixed_point(model, st, flow.full(z), flow)
-            if stable:
-                return OdeHit(math.inf, escape, loss0, end_loss, t1, "stuck", flow.evaluations,
-                              end_loss if probe > t1 else probe_loss)
-            wait = 2.0 * t1
-            if math.isfinite(newton) and lam < 0:  # converging: predicted time to the tolerance
-                wait = min(wait, t1 + 1.2 * math.log(max(newton / NEWTON_TOL, 1.0)) / -lam)
-            check = max(wait, 1.25 * t1)
-    if math.isfinite(hit):
-        return OdeHit(hit * d, escape, loss0, flow.loss(z), solver.t, "hit", flow.evaluations,
-                      probe_loss)
-    if solver.status == "running":  # cut at max_evals
-        end = "cap"
-    else:
-        end = "stalled" if np.abs(flow.drift(z)).max() < DRIFT_GATE else "horizon"
-    return OdeHit(math.inf, escape, loss0, flow.loss(z), solver.t, end, flow.evaluations,
-                  probe_loss)
-
-
 def initial_overlaps(spec: dict, learner: str, c: float, runs: int, seed: int):
     """(instances, cross (R, k, k′), Gram (R, k′, k′), λ̂ (R, k′)) of the SGD runs' initial rows
     (the engine's own initialisation, nothing advanced)."""
@@ -373,8 +183,8 @@ def initial_overlaps(spec: dict, learner: str, c: float, runs: int, seed: int):
 
 def scratch_ode(spec: dict, learner: str, c: float, runs: int, seed: int, level: float, *,
                 alpha_max: float, order: int = 2, probe_steps: float | None = None,
-                max_evals: int | None = None) -> list[OdeHit]:
-    """Per run, :func:`ode_first_passage` of ``learner`` (η = c/d) from its initial rows (the
+                max_evals: int | None = None) -> list[FirstPassage]:
+    """Per run, :func:`hermite.committee.committee_first_passage` of ``learner`` (η = c/d) from its initial rows (the
     first ``runs`` runs: each run's rows come from its own seed, whatever the run count)."""
     instances, cross, gram, lam = initial_overlaps(spec, learner, c, runs, seed)
     d = spec["d"]
@@ -383,7 +193,7 @@ def scratch_ode(spec: dict, learner: str, c: float, runs: int, seed: int, level:
         model = committee_model(inst, loss=LOSS_OF[learner], eta=c / d,
                                 second_order=order == 2)
         state = committee_state(cross[r], gram[r], lam[r])
-        out.append(ode_first_passage(
+        out.append(committee_first_passage(
             model, state, level, d, alpha_max=alpha_max,
             alpha_probe=None if probe_steps is None else probe_steps / d,
             max_evals=max_evals))

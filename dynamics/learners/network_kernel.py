@@ -43,7 +43,7 @@ from hermite.activations_numba import HERMITE_CODE, act_code, sigma_and_deriv
 from ..numba_cache import SIGMA_SOURCE, drop_stale_cache
 
 __all__ = ["network_chunk", "linear_chunk", "kernel_activation", "examples_view", "RowArrays",
-           "ChunkView", "RowFlags"]
+           "ChunkView", "RowFlags", "LinearArrays", "LinearFlags"]
 
 # reassociation (vectorised reductions) and contraction (FMA); no nnan/ninf: NaN must survive
 _FM = {"reassoc", "contract", "nsz"}
@@ -61,6 +61,11 @@ RowArrays = namedtuple("RowArrays", ["rows", "lam", "eta", "eta_c", "mask", "y",
 ChunkView = namedtuple("ChunkView", ["xf", "off", "s0", "s1", "s2", "n"])
 RowFlags = namedtuple("RowFlags", ["code", "p", "scale", "correlation", "train", "has_pre",
                                    "free"])
+# the full-rank Δ path's: Δ and the per-example arrays of the chunk, the same ChunkView, and
+# its constants (prox, project)
+LinearArrays = namedtuple("LinearArrays", ["delta", "z", "y", "f0", "beta", "lmat", "eta",
+                                           "norms"])
+LinearFlags = namedtuple("LinearFlags", ["prox", "project"])
 
 
 def kernel_activation(activation) -> tuple[int, int, float] | None:
@@ -332,12 +337,15 @@ def network_chunk(rows: torch.Tensor, lam_hat: torch.Tensor, x: torch.Tensor,
 
 # ---------------------------------------------------------------------------- full-rank Δ
 @njit(cache=True, fastmath=_FM)
-def _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
-                project, norms):
-    """All n steps of run r (see :func:`linear_chunk`)."""
+def _linear_run(r, ar, cv, fl):
+    """All n steps of run r (see :func:`linear_chunk`): arrays ``ar`` (:data:`LinearArrays`),
+    examples ``cv`` (:data:`ChunkView`), switches ``fl`` (:data:`LinearFlags`)."""
+    delta, xf, z, y, f0, beta_, lmat = ar.delta, cv.xf, ar.z, ar.y, ar.f0, ar.beta, ar.lmat
+    norms, s1, s2, n = ar.norms, cv.s1, cv.s2, cv.n
+    prox, project = fl.prox, fl.project
     k, d = delta.shape[1], delta.shape[2]
     b = y.shape[2]
-    eta = eta_r[r]
+    eta = ar.eta[r]
     shrink = 1.0 - 2.0 * prox * eta
     lo = k if project else 0
     dx = np.empty((b, k))
@@ -345,7 +353,7 @@ def _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, 
     coef = np.empty((b, k))
     wd = np.empty(k)
     cf = np.zeros(9, dtype=delta.dtype)  # the one-pass coefficients in Δ's dtype
-    base = off + r * s0
+    base = cv.off + r * cv.s0
     lr = lmat[r] if lmat.shape[0] > 1 else lmat[0]
     for beta in range(b):
         o = base + beta * s2
@@ -435,11 +443,10 @@ def _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, 
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _linear_runs(delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
-                 project, norms):
-    for r in prange(delta.shape[0]):
-        _linear_run(r, delta, xf, off, s0, s1, s2, n, z, y, f0, beta_, lmat, eta_r, prox,
-                    project, norms)
+def _linear_runs(ar, cv, fl):
+    """Every run (``prange``, as :func:`_network_runs`)."""
+    for r in prange(ar.delta.shape[0]):
+        _linear_run(r, ar, cv, fl)
 
 
 def linear_chunk(delta: torch.Tensor, x: torch.Tensor, z: torch.Tensor, y: torch.Tensor,
@@ -453,6 +460,8 @@ def linear_chunk(delta: torch.Tensor, x: torch.Tensor, z: torch.Tensor, y: torch
     """
     xf, off, s0, s1, s2 = examples_view(x)
     lmat = (l if l.dim() == 3 else l[None]).contiguous()
-    _linear_runs(delta.numpy(), xf, off, s0, s1, s2, x.shape[1], z.contiguous().numpy(),
-                 y.contiguous().numpy(), f0.contiguous().numpy(), beta.contiguous().numpy(),
-                 lmat.numpy(), eta_r.numpy(), float(prox), bool(project), norms.numpy())
+    arrays = LinearArrays(delta.numpy(), z.contiguous().numpy(), y.contiguous().numpy(),
+                          f0.contiguous().numpy(), beta.contiguous().numpy(), lmat.numpy(),
+                          eta_r.numpy(), norms.numpy())
+    _linear_runs(arrays, ChunkView(xf, off, s0, s1, s2, x.shape[1]),
+                 LinearFlags(float(prox), bool(project)))

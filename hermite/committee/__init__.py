@@ -5,9 +5,15 @@ teacher y = Σ_m A_m g(ν_m) by online SGD; in the high-dimensional limit the or
 Q, R (and v) follow deterministic ODEs in α = steps/N whose coefficients are Gaussian
 integrals of g (:mod:`.integrals`). Free rows (Saad–Solla's O(1) weights) and loradyn's unit
 rows (the ``scratch`` learners' spherical step), squared and correlation (CSQ) loss, first
-and second order in the step size. Derivation: docs/theory/committee.md.
+and second order in the step size (:mod:`.ode`). Around them: the flow on its free
+coordinates (:mod:`.free_coordinates`), its linearly stable fixed points
+(:mod:`.fixed_points`) and the first passage of a loss level with the plateau escape
+(:mod:`.first_passage`). Derivation: docs/theory/committee.md.
 """
 
+from .first_passage import ESCAPE_OVERLAP, FirstPassage, committee_first_passage
+from .fixed_points import stable_fixed_point
+from .free_coordinates import FreeCoordinates
 from .integrals import INTEGRAL_METHODS, QUADRATURE_DEFAULTS, CommitteeIntegrals, scaled_erf
 from .ode import (
     INTEGRATORS,
@@ -43,4 +49,9 @@ __all__ = [
     "ROWS",
     "LOSSES",
     "INTEGRATORS",
+    "FreeCoordinates",
+    "stable_fixed_point",
+    "FirstPassage",
+    "committee_first_passage",
+    "ESCAPE_OVERLAP",
 ]

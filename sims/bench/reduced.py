@@ -13,11 +13,7 @@ import time
 
 import numpy as np
 
-__all__ = ["measure_reduced", "scaling_workload", "SCALING_C"]
-
-# η = c/d per activation: ReLU and He₃ as in docs/conventions.md ("Choosing η"); sigmoid and
-# He₄ at the same noise-to-signal ratio c·E[g²]/h(0.5) as He₃ at c = 0.002 (≈ 0.2, instance seed 3)
-SCALING_C = {"relu": 0.05, "sigmoid": 1.0, "he3": 0.002, "he4": 0.0004}
+__all__ = ["measure_reduced"]
 
 
 def _config(d, k, runs, steps, activation, engine, dtype="float64", seed=0, device="cpu"):
@@ -85,49 +81,6 @@ def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=10
         out["full"], out["full_per_cpu_s"] = _rate(full, runs, full_steps, repeat)
         out["reduced_at_full_d"] = _rate(reduced(full_d), runs, steps, repeat)[0]
         out["ratio_to_full"] = out["reduced_at_full_d"] / out["full"]
-    return out
-
-
-def scaling_workload(c_values=None, d_values=(100, 1_000, 10_000, 100_000, 1_000_000), k=8,
-                     runs=16, level=0.5, seed=3, cap=4.0) -> dict:
-    """First passage of |m| to ``level`` from the aligned start, η = c/d, per activation and d.
-
-    Each run stops at its hit (cost ∝ T, not the horizon); the horizon is ``cap`` times the
-    population-ODE time from |m₀| = 1/√d. Returns {activation: {d: {median_T_over_d,
-    ode_T_over_d, reached, seconds, cpu_seconds, run_steps}}} and the totals (wall and CPU
-    seconds of this process, all threads).
-    """
-    import hermite
-    from dynamics.config import RunConfig
-    from dynamics.instance import build_instance
-    from dynamics.reduced import first_passage_reduced
-
-    c_values = dict(SCALING_C if c_values is None else c_values)
-    out: dict = {"settings": {"c": c_values, "k": k, "runs": runs, "level": level,
-                              "seed": seed, "cap": cap}}
-    total = total_cpu = 0.0
-    for act, c in c_values.items():
-        spec = {"activation": act, "k": k, "xi": 1.0, "seed": seed}
-        out[act] = {}
-        for d in d_values:
-            inst = build_instance(dict(spec, d=int(d)))
-            t_ode = hermite.steps_to_reach(inst, c / d, d**-0.5 * np.sign(hermite.h(inst, 0.0)),
-                                           level)
-            config = RunConfig(instance=dict(spec, d=int(d)), eta=c / d, runs=runs, seed=seed,
-                               init="aligned", steps=int(cap * t_ode) + 1000,
-                               engine="reduced")
-            t0, c0 = time.perf_counter(), time.process_time()
-            hits = first_passage_reduced(config, level)
-            sec, cpu = time.perf_counter() - t0, time.process_time() - c0
-            total += sec
-            total_cpu += cpu
-            ok = np.isfinite(hits)
-            out[act][int(d)] = {
-                "median_T_over_d": float(np.median(np.where(ok, hits, np.inf)) / d),
-                "ode_T_over_d": float(t_ode / d), "reached": float(ok.mean()),
-                "seconds": sec, "cpu_seconds": cpu,
-                "run_steps": float(np.where(ok, hits, config.steps).sum())}
-    out["total_seconds"], out["total_cpu_seconds"] = total, total_cpu
     return out
 
 

@@ -12,15 +12,16 @@ with the cell), not on anything else.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dynamics.config import RunConfig
 from dynamics.trajectory import Trajectory
 from sims.experiments.sweep_spec import Cell
+from sims.io.split import split_trajectory
 
-__all__ = ["BatchConfig", "Batch", "plan_batches", "run_batch", "split_trajectory"]
+__all__ = ["BatchConfig", "Batch", "plan_batches", "run_batch"]
 
 BATCHABLE = ("xi", "seed")  # instance keys that may differ inside a batch
 MAX_BATCH_RUNS = 256
@@ -32,10 +33,12 @@ class BatchConfig(RunConfig):
 
     members: tuple = ()
 
-    def run_instances(self):
+    def run_instances(self, base=None):
+        """Every member's run instances, back to back (``base``, the batch spec's own
+        instance if already built, serves only the members with that same spec)."""
         out = []
         for member in self.members:
-            out.extend(member.run_instances())
+            out.extend(member.run_instances(base if member.instance == self.instance else None))
         return out
 
 
@@ -121,17 +124,3 @@ def run_batch(batch: Batch, progress: bool = False) -> list[Trajectory]:
             traj.extra[f"first_passage_{level:g}"] = hit
     return [split_trajectory(traj, off, c.config.runs)
             for c, off in zip(batch.cells, batch.offsets, strict=True)]
-
-
-def split_trajectory(traj: Trajectory, start: int, runs: int) -> Trajectory:
-    """Runs [start, start + runs) of a batch trajectory: every per-run array is sliced (any
-    Trajectory field or ``extra`` entry whose leading axis is the run axis)."""
-    sl, total = slice(start, start + runs), traj.overlap.shape[0]
-    parts = {}
-    for f in fields(traj):
-        value = getattr(traj, f.name)
-        if f.name != "steps" and isinstance(value, np.ndarray) and value.ndim >= 1 \
-                and value.shape[0] == total:
-            parts[f.name] = value[sl]
-    extra = {k: np.asarray(v)[sl] for k, v in traj.extra.items()}
-    return replace(traj, **parts, extra=extra)
