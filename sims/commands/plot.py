@@ -7,7 +7,15 @@ from pathlib import Path
 import click
 
 from sims.io.outputs import Input, Output, check_outputs
-from sims.plots.curves import QUANTITIES, X_UNITS, lacking, load_curves, plot_curves, save_figure
+from sims.plots.curves import (
+    QUANTITIES,
+    X_CHOICES,
+    lacking,
+    load_curves,
+    plot_curves,
+    save_figure,
+    theory_notes,
+)
 
 __all__ = ["plot"]
 
@@ -18,8 +26,10 @@ __all__ = ["plot"]
               help="What to plot against steps: singular_values (lora), loss_linear "
               "(linearized), alignment (scratch, sparse), refit_loss (--refit), "
               "aligned_c_overlap = ⟨ĉ,c⟩·sign⟨û,u⟩ (joint ĉ).")
-@click.option("--x", "x", type=click.Choice(list(X_UNITS)), default="steps",
-              help="x axis: SGD steps, steps divided by the cell's d, or η·steps.")
+@click.option("--x", "x", type=click.Choice(list(X_CHOICES)), default="auto",
+              help="x axis: auto (α = steps/d for from-scratch learners, the committee-"
+              "machine literature's time; else steps), steps, alpha (steps/d), steps/d, "
+              "or η·steps.")
 @click.option("--xscale", type=click.Choice(["log", "linear"]), default="log",
               help="x axis scale (log drops step 0).")
 @click.option("--yscale", type=click.Choice(["linear", "log"]), default="linear",
@@ -47,6 +57,8 @@ def plot(files, quantity, x, xscale, yscale, hue, facet, style, title, out, forc
     save_figure(fig, out)
     skipped = lacking(curves, quantity)
     click.echo(f"wrote {out} ({len(curves) - len(skipped)} curve(s))")
+    for note in theory_notes(curves, quantity):
+        click.echo(f"note: {note}", err=True)
     if skipped:
         files = ", ".join(dict.fromkeys(c.attrs.get("file") or c.source for c in skipped))
         click.echo(f"skipped {len(skipped)} curve(s) without {quantity}: {files}")

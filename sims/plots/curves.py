@@ -14,6 +14,13 @@ dashed), ``loss_linear`` (linearized; the true loss of the learned weights dotte
 dashed), ``refit_loss`` (finetune ``refit``; the
 population-optimal refit dashed, the base network's loss dotted), ``update_overlap`` (lora)
 and ``aligned_c_overlap`` = ⟨ĉ, c⟩/(‖ĉ‖‖c‖)·sign⟨û, u⟩ per run and checkpoint (rank 1).
+
+Honest figures (issue 26): runs of different ξ or instance are never pooled
+(:func:`split_runs`); theory lines are drawn above the medians in a darker shade of the curve's
+colour and listed in the legend; a curve without one says why (:func:`theory_notes`, on the
+figure and for stderr); from-scratch runs are drawn against α = steps/d by default
+(:func:`resolve_x`); linear axes get short tick labels (:func:`readable_ticks`); facets follow
+the sweep's axis order; titles wrap at their separators (:func:`wrap_title`).
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ from dynamics.trajectory import Trajectory
 from sims.io.sweep import SWEEP_FORMAT, file_format, read_sweep
 from sims.io.trajectory import read_trajectory
 
-__all__ = ["Curve", "QUANTITIES", "NEEDS", "X_UNITS", "TITLE_KEYS", "load_curves",
-           "plot_curves", "draw_panel", "legend", "describe", "wrap_title", "save_figure",
-           "curve_attributes", "quantity_values", "aligned_c_overlap", "lacking"]
+__all__ = ["Curve", "QUANTITIES", "NEEDS", "THEORY", "X_UNITS", "X_CHOICES", "TITLE_KEYS",
+           "load_curves", "split_runs", "plot_curves", "draw_panel", "legend", "describe",
+           "wrap_title", "save_figure", "curve_attributes", "quantity_values",
+           "aligned_c_overlap", "lacking", "resolve_x", "no_theory_reason", "theory_notes",
+           "readable_ticks", "compact_formatter", "theory_color", "legend_keys"]
 
 # quantity → (y label, source: a Trajectory attribute, "extra:NAME", or "aligned" (computed))
 QUANTITIES = {
@@ -66,6 +75,14 @@ REFERENCES = {
     "loss": (("extra:ode_loss", "committee_ode", "--"),),
     "alignment": (("extra:ode_alignment", "committee_ode", "--"),),
 }
+# quantity → the sources of its theory lines (a curve with no finite value in any has none)
+THEORY = {
+    "overlap": ("ode", "ode_corrected"), "abs_overlap": ("ode", "ode_corrected"),
+    "loss": ("extra:ode_loss",), "alignment": ("extra:ode_alignment",),
+    "singular_values": ("extra:ode_singular_values",),
+    "refit_loss": ("extra:refit_loss_population",),
+}
+THEORY_ZORDER = 3  # above the medians (Line2D default 2) and bands
 REFERENCE_LABELS = {
     "matrix_ode": "matrix ODE (σ_a of its M_t)",
     "true_loss": "true loss of the learned weights",
@@ -75,8 +92,9 @@ REFERENCE_LABELS = {
 }
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
 SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
-X_UNITS = {"steps": "SGD steps t", "steps/d": "SGD steps t / d",
-           "eta*steps": "SGD time η·t (steps × step size)"}
+X_UNITS = {"steps": "SGD steps t", "alpha": "α = t / d (SGD steps per input dimension)",
+           "steps/d": "SGD steps t / d", "eta*steps": "SGD time η·t (steps × step size)"}
+X_CHOICES = ("auto", *X_UNITS)  # auto: α for from-scratch runs, else steps (resolve_x)
 TITLE_KEYS = ("activation", "k", "d", "xi", "W", "learner", "eta", "variant")
 SYMBOL = {"activation": "σ", "xi": "ξ", "eta": "η", "u_alpha": "‖Π_W u‖",
           "eta_times_d": "ηd", "instance_seed": "instance", "steps_per_d": "T/d"}
@@ -90,22 +108,16 @@ class Curve:
     traj: Trajectory
     attrs: dict = field(default_factory=dict)
     source: str = ""
-
-
-NETWORK_LEARNERS = ("scratch", "scratch-csq", "sparse")
+    config: dict = field(default_factory=dict)  # the run config (why theory is missing)
+    order: dict = field(default_factory=dict)  # sweep axis → its values in the sweep's order
 
 
 def learner_variant(config: dict, frozen_c: str = ", frozen ĉ") -> str:
-    """What sets a run apart within its learner: ``projected, frozen ĉ`` (fine-tuning
-    learners) or ``free rows, trained λ̂`` (from-scratch learners; ``sparse``: ``S²FT``)."""
-    learner = config.get("learner", "finetune")
-    if learner == "sparse":
-        return "S²FT"
-    if learner in NETWORK_LEARNERS:
-        return f"{config.get('rows', 'unit')} rows" + (
-            ", trained λ̂" if config.get("train_second_layer") else "")
-    return ("projected" if config.get("project", True) else "unprojected") + (
-        ", joint ĉ" if config.get("joint_c") else frozen_c)
+    """What sets a run apart within its learner (``Learner.variant``): ``projected, frozen
+    ĉ`` (fine-tuning learners), ``free rows, trained λ̂`` (from-scratch learners), ``S²FT``."""
+    from dynamics.learners import get_learner
+
+    return get_learner(config.get("learner", "finetune")).variant(config, frozen_c)
 
 
 def teacher_label(inst: dict) -> str | None:
@@ -142,26 +154,43 @@ def curve_attributes(config: dict, axes: dict | None = None, source: str = "") -
     return out
 
 
-def _split_xi(curve: Curve) -> list[Curve]:
-    """A trajectory whose runs have several ξ (xi_values) → one curve per ξ."""
-    xi = np.asarray(curve.traj.xi)
-    values = np.unique(xi)
-    if values.size <= 1:
+def split_runs(curve: Curve) -> list[Curve]:
+    """One curve per ξ (``xi_values``) and, within a ξ, per instance of ``curve``'s runs, each
+    a contiguous block of runs (attributes ``xi``, ``instance_seed`` and ``runs`` set where
+    split). Runs that each have an instance of their own (``instance_seeds = per_run``) stay
+    one curve per ξ: a median over random instances."""
+    traj = curve.traj
+    xi = np.asarray(traj.xi, dtype=float).tolist()
+    seeds = np.asarray(traj.instance_seed).tolist()
+    pairs = list(zip(xi, seeds, strict=True))
+    per_run = all(len({s for x, s in pairs if x == v}) == xi.count(v) > 1 for v in set(xi))
+    keys = [(x, None if per_run else s) for x, s in pairs]
+    groups = list(dict.fromkeys(keys))
+    if len(groups) <= 1:
         return [curve]
-    from sims.experiments.sweep_batch import split_trajectory
+    from sims.io.split import split_trajectory
 
+    several_xi = len(set(xi)) > 1
     out = []
-    for v in values:
-        idx = np.flatnonzero(xi == v)
-        if np.any(np.diff(idx) != 1):
-            raise ValueError(f"{curve.source}: runs of ξ = {v:g} are not contiguous")
-        sub = split_trajectory(curve.traj, int(idx[0]), idx.size)
-        out.append(Curve(sub, curve.attrs | {"xi": float(v)}, curve.source))
+    for key in groups:
+        idx = [r for r, k in enumerate(keys) if k == key]
+        attrs = dict(curve.attrs, runs=len(idx))
+        if several_xi:
+            attrs["xi"] = key[0]
+        if len({k[1] for k in groups}) > 1:
+            attrs["instance_seed"] = int(key[1])
+        if idx[-1] - idx[0] + 1 != len(idx):
+            which = ", ".join(_fmt(k, attrs[k]) for k in ("xi", "instance_seed") if k in attrs)
+            raise ValueError(f"{curve.source or 'trajectory'}: runs of {which} are not "
+                             "contiguous")
+        out.append(Curve(split_trajectory(traj, idx[0], len(idx)), attrs, curve.source,
+                         curve.config, curve.order))
     return out
 
 
 def load_curves(paths) -> list[Curve]:
-    """Curves from trajectory files and sweep files (one per cell, per ξ of a file)."""
+    """Curves from trajectory files and sweep files (one per cell, per ξ and instance
+    group of a file: :func:`split_runs`)."""
     curves = []
     for path in paths:
         if file_format(path) == SWEEP_FORMAT:
@@ -170,12 +199,13 @@ def load_curves(paths) -> list[Curve]:
                 raise ValueError(f"{path}: the sweep has no finished cell yet")
             for cell in cells:
                 src = f"{path}::{cell.name}"
-                curves.append(Curve(cell.traj, curve_attributes(cell.config, cell.axes, src),
-                                    src))
+                curves.extend(split_runs(Curve(
+                    cell.traj, curve_attributes(cell.config, cell.axes, src), src,
+                    cell.config, meta.get("dimensions") or {})))
         else:
             traj, meta = read_trajectory(path)
             attrs = curve_attributes(meta.get("config") or {}, None, str(path))
-            curves.extend(_split_xi(Curve(traj, attrs, str(path))))
+            curves.extend(split_runs(Curve(traj, attrs, str(path), meta.get("config") or {})))
     return curves
 
 
@@ -187,6 +217,8 @@ def _fmt(key: str, value) -> str:
         return "joint ĉ" if value else "frozen ĉ"
     if key == "project":
         return "projected" if value else "unprojected"
+    if key == "runs":
+        return f"median of {value} runs"
     name = SYMBOL.get(key, key)
     if isinstance(value, float):
         return f"{name} = {value:.3g}"
@@ -197,7 +229,8 @@ def _varying(curves, keys) -> list[str]:
     return [k for k in keys if len({repr(c.attrs.get(k)) for c in curves}) > 1]
 
 
-def _label_keys(curves) -> list[str]:
+def legend_keys(curves) -> list[str]:
+    """The attributes that tell ``curves`` apart (named in each curve's legend label)."""
     keys = list(dict.fromkeys([*TITLE_KEYS, *[k for c in curves for k in c.attrs]]))
     skip = {"file", "runs", "variant", "seed", "eta_times_d", "c", "c_hat", "steps_per_d",
             "instance_seeds"}
@@ -272,10 +305,26 @@ def lacking(curves, quantity: str) -> list[Curve]:
     return [c for c in curves if quantity_values(c, quantity) is None]
 
 
+def resolve_x(curves, x: str = "auto") -> str:
+    """The x unit: ``x`` itself, or for ``auto`` α = steps/d (the committee-machine
+    literature's time) where every curve is a from-scratch run (an ``alignment`` record) with
+    a known d, else steps."""
+    if x not in X_CHOICES:
+        raise ValueError(f"unknown x {x!r}; valid: {', '.join(X_CHOICES)}")
+    if x != "auto":
+        return x
+    scratch = bool(curves) and all("alignment" in c.traj.extra and c.attrs.get("d")
+                                   for c in curves)
+    return "alpha" if scratch else "steps"
+
+
 def _x(curve: Curve, x: str) -> np.ndarray:
     steps = np.asarray(curve.traj.steps, dtype=float)
-    if x == "steps/d":
-        return steps / float(curve.attrs.get("d") or 1)
+    if x in ("steps/d", "alpha"):
+        if not curve.attrs.get("d"):
+            raise ValueError(f"x axis {x}: the dimension d of {curve.source or 'the run'} is "
+                             "unknown (plot against steps)")
+        return steps / float(curve.attrs["d"])
     if x == "eta*steps":
         return steps * float(curve.attrs.get("eta") or 1)
     return steps
@@ -305,15 +354,24 @@ def _palette(curves, hue):
     return [cmap(uniq.index(repr(v)) % 10) for v in values]
 
 
+def theory_color(color):
+    """The colour of a curve's theory lines: a darker shade of the curve's, so that a theory
+    line on top of its median stays visible and still reads as the same curve's."""
+    from matplotlib.colors import to_rgb
+
+    return tuple(0.45 * v for v in to_rgb(color))
+
+
 def _median_line(ax, xs, rows, keep, color, quantity, **style) -> bool:
-    """Median over runs of a theory array (R, C) where it has finite values."""
+    """Median over runs of a theory array (R, C) where it has finite values, drawn above the
+    medians in the curve's theory colour."""
     if rows is None:
         return False
     data = np.asarray(rows, dtype=float)[:, keep]
     if not np.isfinite(data).any():
         return False
     ax.plot(xs, _nanpct(np.abs(data) if quantity == "abs_overlap" else data, 50),
-            color=color, **style)
+            color=theory_color(color), zorder=THEORY_ZORDER, **style)
     return True
 
 
@@ -339,10 +397,8 @@ def _references(ax, curve, xs, keep, color, quantity, index=None, **marks) -> se
         if rows.ndim == 1:  # one value per run (base_loss): a horizontal line
             rows = np.repeat(rows[:, None], keep.size, axis=1)
         rows = rows[:, keep] if index is None else rows[:, keep, index]
-        if not np.isfinite(rows).any():
-            continue
-        ax.plot(xs, _nanpct(rows, 50), color=color, lw=1.4, ls=ls, **marks)
-        drawn.add(key)
+        if _median_line(ax, xs, rows, slice(None), color, quantity, lw=1.4, ls=ls, **marks):
+            drawn.add(key)
     return drawn
 
 
@@ -392,8 +448,8 @@ def _theory_band(ax, xs, traj, keep, color, quantity) -> bool:
     lo, hi = np.asarray(lo, dtype=float)[:, keep], np.asarray(hi, dtype=float)[:, keep]
     if not np.isfinite(lo).any():
         return False
-    ax.fill_between(xs, _nanpct(lo, 50), _nanpct(hi, 50), facecolor="none", edgecolor=color,
-                    hatch="///", lw=0.0, alpha=0.6)
+    ax.fill_between(xs, _nanpct(lo, 50), _nanpct(hi, 50), facecolor="none",
+                    edgecolor=theory_color(color), hatch="///", lw=0.0, alpha=0.6)
     return True
 
 
@@ -401,13 +457,15 @@ def draw_panel(ax, curves, *, quantity="overlap", x="steps", xscale="log", yscal
                hue=None, style="band", xlim=None, label_keys=None, colors=None,
                prefix="", ls="-") -> tuple[int, set]:
     """Draw ``curves`` on one Axes; (number of curves drawn, theory lines drawn: a subset of
-    {"ode", "corrected", "band"}).
+    {"ode", "corrected", "band"} and the ``REFERENCE_LABELS`` keys).
 
+    x : an ``X_UNITS`` key or ``auto`` (:func:`resolve_x`).
     label_keys : attributes named in each curve's legend label [default: those that vary].
     colors : curve id → colour [default: by ``hue``]. prefix : text before each label.
     """
+    x = resolve_x(curves, x)
     colors = colors or dict(zip(map(id, curves), _palette(curves, hue), strict=True))
-    keys = _label_keys(curves) if label_keys is None else label_keys
+    keys = legend_keys(curves) if label_keys is None else label_keys
     drawn, theory = 0, set()
     for c in curves:
         label = prefix + ", ".join(_fmt(k, c.attrs.get(k)) for k in keys)
@@ -420,46 +478,236 @@ def draw_panel(ax, curves, *, quantity="overlap", x="steps", xscale="log", yscal
     ax.set_yscale(yscale)
     if xlim is not None:
         ax.set_xlim(*xlim)
+    readable_ticks(ax)
     ax.grid(alpha=0.3)
     ax.set_xlabel(X_UNITS[x])
     ax.set_ylabel(QUANTITIES[quantity][0])
     return drawn, theory
 
 
-def legend(ax, handles=None, style="band", theory=(), **kwargs):
-    """Legend of the curves plus what the line styles mean (median/band, theory lines)."""
+def compact_formatter():
+    """A matplotlib tick Formatter whose labels have at most about six characters: 0, 50k,
+    125k, 1.5M, 0.25, 2.5e-4 (one suffix for all ticks of an axis, as many decimals as the
+    ticks need). Built on call: matplotlib is imported only when a figure is drawn."""
+    from matplotlib.ticker import Formatter
+
+    class CompactFormatter(Formatter):
+        scale, suffix, digits = 1.0, "", 0
+
+        def set_locs(self, locs):
+            super().set_locs(locs)
+            finite = [float(v) for v in locs if np.isfinite(v)]
+            top = max(map(abs, finite), default=0.0)
+            self.scale, self.suffix = 1.0, ""
+            for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+                if top >= scale:
+                    self.scale, self.suffix = scale, suffix
+                    break
+            else:
+                if 0 < top < 1e-2:
+                    exp = int(np.floor(np.log10(top)))
+                    self.scale, self.suffix = 10.0 ** exp, f"e{exp}"
+            scaled = [v / self.scale for v in finite]
+            self.digits = next((n for n in range(7) if all(
+                abs(round(v, n) - v) < 1e-9 * max(1.0, abs(v)) for v in scaled)), 6)
+
+        def __call__(self, value, pos=None):
+            text = f"{value / self.scale:.{self.digits}f}"
+            return "0" if float(text) == 0 else text + self.suffix
+
+    return CompactFormatter()
+
+
+def readable_ticks(ax, nbins: int = 6) -> None:
+    """At most ``nbins`` + 1 round ticks with :func:`compact_formatter` labels on each linear
+    axis of ``ax`` (large step counts would otherwise run into each other); on a log axis,
+    minor labels only at 2 and 5 × 10ⁿ, plain and short, where it spans under 1.5 decades
+    (matplotlib labels 2, 3, 4, 6 × 10ⁿ in scientific notation, which overlap)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale == "linear":
+            axis.set_major_locator(MaxNLocator(nbins=nbins, steps=[1, 2, 2.5, 5, 10]))
+            axis.set_major_formatter(compact_formatter())
+        elif scale == "log":
+            axis.set_minor_formatter(FuncFormatter(
+                lambda value, _pos, axis=axis: _log_minor_label(axis, value)))
+
+
+def _log_minor_label(axis, value: float) -> str:
+    lo, hi = sorted(axis.get_view_interval())
+    if value <= 0 or lo <= 0 or np.log10(hi / lo) > 1.5:
+        return ""
+    mantissa = value / 10.0 ** np.floor(np.log10(value) + 1e-9)
+    if not any(abs(mantissa - m) < 1e-6 for m in (2, 5)):
+        return ""
+    return compact_formatter().format_ticks([value])[0]
+
+
+def _recorded_reason(traj: Trajectory, sources) -> str | None:
+    """Why the file says a theory array is missing (a ``no_theory``, ``note`` or ``reason``
+    attribute of its dataset), if it says."""
+    for source in sources:
+        attrs = getattr(traj, "extra_attrs", {}).get(source.removeprefix("extra:"), {})
+        for key in ("no_theory", "note", "reason"):
+            if attrs.get(key):
+                return str(attrs[key])
+    return None
+
+
+def _has_theory(curve: Curve, quantity: str) -> bool:
+    for source in THEORY.get(quantity, ()):
+        rows = _source(curve.traj, source)
+        if rows is not None and np.isfinite(np.asarray(rows, dtype=float)).any():
+            return True
+    return False
+
+
+def no_theory_reason(curve: Curve, quantity: str = "overlap") -> str | None:
+    """Why ``curve`` has no theory line of ``quantity`` (None where it has one): what its
+    file records, else what its run config (``curve.config``; without one, the trajectory)
+    shows: an App. B convention, joint ĉ, an unprojected or linearized learner, …"""
+    if _has_theory(curve, quantity):
+        return None
+    traj, cfg = curve.traj, curve.config or {}
+    sources = THEORY.get(quantity, ())
+    recorded = _recorded_reason(traj, sources)
+    if recorded:
+        return recorded
+    if not sources:
+        return f"loradyn has no theory of {quantity}"
+    learner = cfg.get("learner") or curve.attrs.get("learner")
+    inst = cfg.get("instance") or {}
+    if "alignment" in traj.extra:  # from-scratch learners: the committee ODE
+        if quantity not in ("loss", "alignment"):
+            return "a from-scratch run's theory is the committee ODE of its loss and alignment"
+        if cfg.get("finite_d_theory") is False:
+            return "run with --no-finite-d-theory: the committee ODE was not recorded"
+        if any(_source(traj, source) is not None for source in sources):
+            return "the committee ODE failed from every run's initial state (NaN)"
+        return "the file records no committee ODE"
+    if quantity == "loss":
+        return f"no theory of the loss is recorded for the {learner or 'fine-tuning'} learner"
+    if inst.get("convention", "unit") != "unit":
+        return (f"App. B convention {inst['convention']}: its rows are not unit vectors, so no "
+                "Hermite theory (population ODE) applies")
+    if cfg.get("joint_c", traj.c_overlap is not None):
+        return "ĉ is trained jointly (joint ĉ): the population ODE holds for frozen ĉ only"
+    if cfg.get("project") is False:
+        return "unprojected learner: the population ODE holds for the projected learner only"
+    if learner and not _has_population_ode(learner):
+        return f"the {learner} learner has no population ODE"
+    if traj.diverged.all():
+        return "every run diverged"
+    return "the file records no finite theory value (the ODE was not recorded or failed)"
+
+
+def _has_population_ode(learner: str) -> bool:
+    """``Learner.has_population_ode`` (True for a name loradyn does not know)."""
+    from dynamics.learners import get_learner
+
+    try:
+        return get_learner(learner).has_population_ode
+    except ValueError:
+        return True
+
+
+def theory_notes(curves, quantity: str = "overlap", label_keys=None) -> list[str]:
+    """One line per reason why curves holding ``quantity`` have no theory line:
+    ``no theory line: REASON``, or ``no theory line for A; B: REASON`` where only some
+    curves (named by ``label_keys``, default: the attributes that vary) lack one."""
+    keys = legend_keys(curves) if label_keys is None else label_keys
+    have = [c for c in curves if quantity_values(c, quantity) is not None]
+    by_reason: dict[str, list[Curve]] = {}
+    for c in have:
+        reason = no_theory_reason(c, quantity)
+        if reason:
+            by_reason.setdefault(reason, []).append(c)
+    out = []
+    for reason, members in by_reason.items():
+        names = "; ".join(", ".join(_fmt(k, c.attrs.get(k)) for k in keys) for c in members)
+        if len(members) == len(have) or not names.strip("; "):
+            out.append(f"no theory line: {reason}")
+        else:
+            out.append(f"no theory line for {names}: {reason}")
+    return out
+
+
+def legend(ax, handles=None, style="band", theory=(), notes=(), **kwargs):
+    """Legend of the curves plus what the line styles mean (median/band, theory lines: a
+    darker shade of the curve's colour, drawn above the medians) and ``notes``
+    (:func:`theory_notes`) as entries without a line."""
     from matplotlib.lines import Line2D
 
     if handles is None:
         handles = ax.get_legend_handles_labels()[0]
     band = "every run (thin)" if style == "runs" else "10–90 % of runs (band)"
     extra = [Line2D([], [], color="grey", lw=2, label=f"median; {band}")]
+    dark = theory_color("grey")
     if "ode" in theory:
-        extra.append(Line2D([], [], color="grey", lw=1.4, ls="--", label="population ODE"))
+        extra.append(Line2D([], [], color=dark, lw=1.4, ls="--", label="population ODE"))
     if "corrected" in theory:
-        extra.append(Line2D([], [], color="grey", lw=1.2, ls="-.",
+        extra.append(Line2D([], [], color=dark, lw=1.2, ls="-.",
                             label="noise-corrected (finite-d) ODE"))
     if "band" in theory:
         from matplotlib.patches import Patch
 
-        extra.append(Patch(facecolor="none", edgecolor="grey", hatch="///",
+        extra.append(Patch(facecolor="none", edgecolor=dark, hatch="///",
                            label="theory band 10–90 % (linear noise)"))
     for key, text in REFERENCE_LABELS.items():
         if key in theory:
             ls = next(r[2] for refs in REFERENCES.values() for r in refs if r[1] == key)
-            extra.append(Line2D([], [], color="grey", lw=1.4, ls=ls, label=f"{text} (median)"))
+            extra.append(Line2D([], [], color=dark, lw=1.4, ls=ls, label=f"{text} (median)"))
+    extra += [Line2D([], [], ls="none", label=textwrap.fill(note, 48)) for note in notes]
     kwargs.setdefault("fontsize", 7.5)
     kwargs.setdefault("loc", "best")
     return ax.legend(handles=list(handles) + extra, **kwargs)
 
 
+def _pieces(text: str, depth_at: int = 0) -> list[str]:
+    """``text`` cut after each ", " or "; " at parenthesis depth ``depth_at`` (the comma or
+    semicolon stays with the piece before it, the space goes)."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if depth == depth_at and ch in ",;" and text[i + 1:i + 2] == " ":
+            out.append(text[start:i + 1])
+            start = i + 2
+    out.append(text[start:])
+    return [p for p in out if p]
+
+
+def _atoms(text: str, chars: int) -> list[str]:
+    """Pieces of ``text`` of at most ``chars`` characters where possible: cut at its
+    top-level separators; a longer piece before its parenthesised group, then at the
+    separators inside the group, then at spaces."""
+    out = []
+    for piece in _pieces(text):
+        if len(piece) <= chars:
+            out.append(piece)
+        elif (cut := piece.find(" (")) > 0:
+            out += _atoms(piece[:cut], chars) + _atoms(piece[cut + 1:], chars)
+        else:
+            inner = _pieces(piece, 1)
+            out += [w for p in inner for w in (textwrap.wrap(p, chars) if len(p) > chars
+                                               else [p])]
+    return out
+
+
 def wrap_title(text: str, width_in: float, fontsize: float = 10) -> str:
-    """Wrap a title to the figure width (about 0.55 em per character)."""
+    """Wrap a title to the figure width (about 0.55 em per character) at its separators
+    (", ", "; "), never inside a parenthesised group that fits on a line."""
     chars = max(20, int(width_in * 72 / (0.55 * fontsize)))
-    return "\n".join(textwrap.wrap(text, chars))
+    lines: list[str] = []
+    for atom in _atoms(text, chars):
+        if lines and len(lines[-1]) + 1 + len(atom) <= chars:
+            lines[-1] += " " + atom
+        else:
+            lines.append(atom)
+    return "\n".join(lines)
 
 
-def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "steps",
+def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "auto",
                 xscale: str = "log", yscale: str = "linear", hue: str | None = None,
                 facet: str | None = None, style: str = "band", title: str | None = None,
                 xlim=None):
@@ -471,7 +719,8 @@ def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "steps"
 
     if not curves:
         raise ValueError("nothing to plot: no curves")
-    _check_options(curves, quantity, x, xscale, hue, facet, style)
+    x = resolve_x(curves, x)
+    _check_options(curves, quantity, xscale, hue, facet, style)
     groups = _facets(curves, facet)
     ncols = min(len(groups), 3)
     nrows = -(-len(groups) // ncols)
@@ -479,7 +728,7 @@ def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "steps"
     fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.9 * nrows + 0.6),
                              squeeze=False, sharey=True, constrained_layout=True)
     colors = dict(zip(map(id, curves), _palette(curves, hue), strict=True))
-    label_keys = _label_keys(curves)
+    label_keys = legend_keys(curves)
     if hue and hue not in label_keys:
         label_keys = [hue, *label_keys]
     if facet in label_keys:
@@ -502,7 +751,8 @@ def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "steps"
         files = ", ".join(dict.fromkeys(c.attrs.get("file") or c.source for c in curves))
         raise ValueError(f"no curve has the quantity '{quantity}' "
                          f"({NEEDS.get(quantity, 'not recorded')}): {files}")
-    legend(axes.flat[0], _all_handles(axes)[0], style=style, theory=theory)
+    legend(axes.flat[0], _all_handles(axes)[0], style=style, theory=theory,
+           notes=theory_notes(curves, quantity, label_keys))
     fig.suptitle(wrap_title(title if title is not None else describe(curves), width),
                  fontsize=10)
     return fig
@@ -519,6 +769,8 @@ def _all_handles(axes):
 
 
 def _facets(curves, facet):
+    """(value, curves) per value of ``facet``: in the sweep's axis order where ``facet`` is a
+    sweep axis (values no sweep names last, as they come), else sorted."""
     if facet is None:
         return [(None, curves)]
     groups: dict[str, tuple] = {}
@@ -526,6 +778,13 @@ def _facets(curves, facet):
         v = c.attrs.get(facet)
         groups.setdefault(repr(v), (v, []))[1].append(c)
     items = list(groups.values())
+    rank: dict[str, int] = {}
+    for c in curves:
+        for v in c.order.get(facet, ()):
+            rank.setdefault(repr(v), len(rank))
+    if rank:
+        items.sort(key=lambda item: rank.get(repr(item[0]), len(rank)))
+        return items
     try:
         items.sort(key=lambda item: item[0])
     except TypeError:
@@ -533,11 +792,9 @@ def _facets(curves, facet):
     return items
 
 
-def _check_options(curves, quantity, x, xscale, hue, facet, style):
+def _check_options(curves, quantity, xscale, hue, facet, style):
     if quantity not in QUANTITIES:
         raise ValueError(f"unknown quantity {quantity!r}; valid: {', '.join(QUANTITIES)}")
-    if x not in X_UNITS:
-        raise ValueError(f"unknown x {x!r}; valid: {', '.join(X_UNITS)}")
     if xscale not in ("log", "linear"):
         raise ValueError(f"xscale must be log or linear, got {xscale!r}")
     if style not in ("band", "runs"):

@@ -1,19 +1,30 @@
 """The figure of one trajectory (``loradyn run --plot``): overlap vs steps, or, for the
-from-scratch learners, loss and alignment beside the committee-machine ODE."""
+from-scratch learners, loss and alignment against α = steps/d beside the committee-machine
+ODE; one curve per ξ and instance group, drawn by :mod:`sims.plots.curves` as ``loradyn
+plot`` draws them (theory above the medians, a note where a run has none)."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
-import numpy as np
+import click
 
 from dynamics.trajectory import Trajectory
 
-from .curves import learner_variant, teacher_label
+from .curves import (
+    Curve,
+    curve_attributes,
+    draw_panel,
+    legend,
+    legend_keys,
+    split_runs,
+    teacher_label,
+    theory_notes,
+    wrap_title,
+)
 
-__all__ = ["plot_overlap", "plot_run", "plot_network", "instance_title",
-           "draw_finite_d_theory"]
+__all__ = ["plot_overlap", "plot_run", "plot_network", "instance_title", "run_curves",
+           "run_figure"]
 
 
 def instance_title(config) -> str:
@@ -26,103 +37,87 @@ def instance_title(config) -> str:
     parts += [teacher_label(spec)] if teacher_label(spec) else [
         f"ξ = {xi}", f"W {w if isinstance(w, str) else 'explicit'}"]
     parts += [f"η = {config.eta:.3g}", f"R = {config.runs}"]
-    variant = learner_variant(config.to_dict(), frozen_c="")
-    if config.learner != "finetune":
-        variant = f"{config.learner}, {variant}"
-    return ", ".join(parts) + f" ({variant})"
+    from dynamics.learners import get_learner
+
+    label = get_learner(config.learner).label(config.to_dict(), frozen_c="")
+    return ", ".join(parts) + f" ({label})"
 
 
-def plot_run(traj: Trajectory, path, title: str) -> Path:
+def run_curves(traj: Trajectory, config=None) -> list[Curve]:
+    """``traj`` as curves, one per ξ and instance group (:func:`split_runs`), named by the
+    attributes of ``config`` (a RunConfig or its dict; None: ξ and instance only) and by the
+    number of runs each median is over."""
+    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+    attrs = curve_attributes(cfg) if cfg else {}
+    curves = split_runs(Curve(traj, attrs, "", cfg))
+    for c in curves:
+        ok = int((~c.traj.diverged).sum())
+        c.attrs["runs"] = ok or c.traj.runs  # all diverged: the median is over all of them
+    return curves
+
+
+def plot_run(traj: Trajectory, path, title: str, *, config=None, x: str = "auto") -> Path:
     """:func:`plot_network` for the from-scratch learners (an ``alignment`` record), else
-    :func:`plot_overlap`."""
-    if "alignment" in traj.extra:
-        return plot_network(traj, path, title)
-    return plot_overlap(traj, path, title)
+    :func:`plot_overlap`. ``config``: the run's RunConfig (names the curves, gives d for
+    α = steps/d and says why a theory line is missing); ``x``: ``auto`` (α for the
+    from-scratch learners where d is known, else steps), ``alpha`` or ``steps``."""
+    return _save(*run_figure(traj, title, config=config, x=x), path)
 
 
-def _band(ax, steps, values, ok) -> None:
-    if ok.any():
-        lo, med, hi = np.nanpercentile(values[ok], [10, 50, 90], axis=0)
-        ax.fill_between(steps, lo, hi, alpha=0.25, label="10–90 % of runs")
-        ax.plot(steps, med, lw=2, label=f"median of {int(ok.sum())} runs")
+def plot_network(traj: Trajectory, path, title: str, *, config=None, x: str = "auto") -> Path:
+    """Loss (log scale) and alignment of a from-scratch run against α = steps/d (or steps),
+    median and 10–90 % band per ξ and instance group, with the committee-machine ODE from
+    each run's initial overlaps (median, dashed) where recorded (``extra/ode_loss``,
+    ``extra/ode_alignment``)."""
+    return _save(*run_figure(traj, title, config=config, x=x,
+                             quantities=("loss", "alignment")), path)
 
 
-def _ode_mean(ax, steps, values, ok, label: str) -> None:
-    if values is None or not np.isfinite(values).any():
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        mean = np.nanmean(values[ok] if ok.any() else values, axis=0)
-    ax.plot(steps, mean, "k--", lw=1.5, label=label)
+def plot_overlap(traj: Trajectory, path, title: str, *, config=None, x: str = "auto") -> Path:
+    """Median ⟨û, u⟩ with its 10–90 % band per ξ and instance group, the population ODE
+    (dashed) and, where recorded, the noise-corrected ODE (dash-dotted) and the hatched
+    theory band; a run without theory says why on the figure and on stderr."""
+    return _save(*run_figure(traj, title, config=config, x=x, quantities=("overlap",)), path)
 
 
-def plot_network(traj: Trajectory, path, title: str) -> Path:
-    """Loss (log scale) and alignment of a from-scratch run, median and 10–90 % band, with
-    the committee-machine ODE from each run's initial overlaps (mean, dashed) where
-    recorded (``extra/ode_loss``, ``extra/ode_alignment``)."""
+def run_figure(traj: Trajectory, title: str, *, config=None, x: str = "auto",
+               quantities=None):
+    """(Figure, notes): one panel per quantity (default: loss and alignment for the
+    from-scratch learners, else overlap) on a linear x axis, drawn by
+    :func:`sims.plots.curves.draw_panel`; ``notes``: why curves have no theory line (also in
+    the legend). Nothing is saved."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ok = ~traj.diverged
-    steps = traj.steps
-    fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(10, 4.2), constrained_layout=True)
-    _band(ax_l, steps, traj.loss, ok)
-    _ode_mean(ax_l, steps, traj.extra.get("ode_loss"), ok, "committee ODE (mean)")
-    ax_l.set_yscale("log")
-    ax_l.set_ylabel("population loss E(f* − f̂)²")
-    _band(ax_a, steps, np.asarray(traj.extra["alignment"], float), ok)
-    _ode_mean(ax_a, steps, traj.extra.get("ode_alignment"), ok, "committee ODE (mean)")
-    ax_a.set_ylabel("alignment (mean over teacher rows of max cos)")
-    for ax in (ax_l, ax_a):
-        ax.set_xlabel("SGD step t")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    if quantities is None:
+        quantities = ("loss", "alignment") if "alignment" in traj.extra else ("overlap",)
+    curves = run_curves(traj, config)
+    keys = legend_keys(curves)
+    width = 5.2 * len(quantities) + 1.2
+    fig, axes = plt.subplots(1, len(quantities), figsize=(width, 4.4), squeeze=False,
+                             constrained_layout=True)
+    notes = []
+    for ax, quantity in zip(axes.flat, quantities, strict=True):
+        _, theory = draw_panel(ax, curves, quantity=quantity, x=x, xscale="linear",
+                               yscale="log" if quantity == "loss" else "linear",
+                               label_keys=[*keys, "runs"])
+        lines = theory_notes(curves, quantity, keys)
+        legend(ax, theory=theory, notes=lines, fontsize=8)
+        notes += lines
+    fig.suptitle(wrap_title(title, width, 9), fontsize=9)
+    return fig, list(dict.fromkeys(notes))
 
 
-def draw_finite_d_theory(ax, traj: Trajectory, ok: np.ndarray, color: str = "k") -> None:
-    """Noise-corrected ODE (solid thin) and the hatched 10–90% theory band, where recorded."""
-    if traj.ode_corrected is None or not np.isfinite(traj.ode_corrected).any():
-        return
-    rows = ok if ok.any() else np.ones_like(ok)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        corr = np.nanmean(traj.ode_corrected[rows], axis=0)
-        lo = np.nanmedian(traj.band_lower[rows], axis=0)
-        hi = np.nanmedian(traj.band_upper[rows], axis=0)
-    ax.plot(traj.steps, corr, color=color, lw=0.9, label="noise-corrected ODE (mean)")
-    ax.fill_between(traj.steps, lo, hi, facecolor="none", edgecolor=color, hatch="///",
-                    lw=0.0, alpha=0.5, label="theory band 10–90 %")
-
-
-def plot_overlap(traj: Trajectory, path, title: str) -> Path:
-    """Median ⟨û, u⟩ with its 10–90 % band, the mean population ODE (dashed) and, where
-    recorded, the noise-corrected ODE (solid thin) and the hatched theory band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def _save(fig, notes, path) -> Path:
+    """Write ``fig`` (closed after) and each note on stderr."""
     import matplotlib.pyplot as plt
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    ok = ~traj.diverged
-    steps = traj.steps
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), constrained_layout=True)
-    _band(ax, steps, traj.overlap, ok)
-    _ode_mean(ax, steps, traj.ode, ok, "population ODE (mean)")
-    draw_finite_d_theory(ax, traj, ok)
-    ax.set_xlabel("SGD step t")
-    ax.set_ylabel("overlap ⟨û_t, u⟩")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
     return path
