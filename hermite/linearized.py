@@ -505,6 +505,9 @@ def linear_model_rank1_ode(instance, u0, eta: float, steps, *, c0=None, project:
 
     def rhs(_, z):
         u = z[:n_u].reshape(batch + (width,))
+        # the drift at u/‖u‖ is tangent to it, so ‖u‖ stays 1 without the radial instability
+        # of (I − ûûᵀ)∇ off the sphere (where uᵀ∇ < 0, a norm error would grow)
+        u = u / np.linalg.norm(u, axis=-1, keepdims=True)
         ch = z[n_u:].reshape(batch + (k,)) if joint_c else c0
         tan, gc = linear_model_rank1_gradient(instance, u, ch, project=project, prox=prox,
                                               quad=quad)
@@ -520,6 +523,7 @@ def linear_model_rank1_ode(instance, u0, eta: float, steps, *, c0=None, project:
         raise RuntimeError(f"rank-1 ODE integration failed: {sol.message}")
     zs = sol.y.T  # (C, n)
     u = np.moveaxis(zs[:, :n_u].reshape((t.size,) + batch + (width,)), 0, -2)
+    u = u / np.linalg.norm(u, axis=-1, keepdims=True)
     if joint_c:
         ch = np.moveaxis(zs[:, n_u:].reshape((t.size,) + batch + (k,)), 0, -2)
     else:

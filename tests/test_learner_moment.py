@@ -1,4 +1,5 @@
-"""The ``moment`` learner (Stein estimators of u): statistic, expectations, acceptance."""
+"""The ``moment`` learner (Stein estimators of u): statistic, expectations, acceptance (each
+step's statistic against a dense recomputation: ``test_learner_protocol``)."""
 
 from __future__ import annotations
 
@@ -65,26 +66,6 @@ def _config(order=1, **kw):
 
 
 # ---------------------------------------------------------------- the statistic
-@pytest.mark.parametrize("order", [1, 2])
-def test_step_accumulates_the_statistic_of_the_examples(order):
-    """Per-step update (learner.step_) = direct numpy recomputation, per run."""
-    inst = _instance("relu")
-    runs, b, steps = 2, 3, 4
-    learner = Moment(Problem.from_instances([inst] * runs, CPU, F64), order=order, batch=b)
-    state = learner.init_state()
-    gen = torch.Generator().manual_seed(3)
-    xs = torch.randn(steps, runs, b, inst.d, dtype=F64, generator=gen)
-    for t in range(steps):
-        health = learner.step_(state, xs[t])
-        assert torch.equal(health, torch.ones(runs, dtype=F64))
-    assert state.step == steps
-    for r in range(runs):
-        x = xs[:, r].reshape(-1, inst.d).numpy()
-        ref = _numpy_statistic(inst, x, order)
-        np.testing.assert_allclose(learner.statistic(state)[r].numpy(), ref, rtol=1e-12,
-                                   atol=1e-12 * np.abs(ref).max())
-
-
 @pytest.mark.parametrize("order", [1, 2])
 def test_engine_statistic_equals_recomputation_from_the_run_streams(order, device):
     """A FullRun consumes exactly its (seed, r) example stream: same statistic in numpy.

@@ -125,11 +125,13 @@ class Finetune(Learner):
 
     @classmethod
     def memory(cls, config, d: int, k: int) -> Memory:
-        """û (d) and ĉ (k); records m, ĉ when joint, û's span-W part and (μ, ν) when not
-        projected."""
+        """û (d) and ĉ (k); records m, ĉ when joint, and û's k + 2 reduced coordinates
+        when they are kept (a Monte Carlo loss: unprojected, the App. B conventions; refit)."""
         o = config.options
+        coords = not o.project or o.refit or config.instance.get("convention",
+                                                                 "unit") != "unit"
         return Memory(state=d + k, records=1 + (k if o.joint_c else 0) + (
-            0 if o.project else k + 2), prepared=2 * k + 4)
+            k + 2 if coords else 0), prepared=2 * k + 4)
 
     @classmethod
     def step_limit(cls, config, instance):

@@ -154,15 +154,16 @@ class Linearized(Finetune):
     Options = LinearizedOptions
     conventions = ("unit",)
     named_in_titles = True
-    has_population_ode = False  # its loss is Monte Carlo; no ODE of ⟨û,u⟩ is derived
+    # the linear model's exact theory (hermite.linearized): mean ODE and floor, recorded
     chain = None  # f_lin's step is not the rank-1 chain's
 
     @classmethod
     def memory(cls, config, d: int, k: int) -> Memory:
-        """Rank 1: û (d) and ĉ (k); full rank: Δ (k×d)."""
+        """Rank 1: û (d) and ĉ (k), records m, ĉ and û's k + 2 reduced coordinates; full
+        rank: Δ (k×d), records its overlap and k(2k + 1) reduced coordinates."""
         if config.options.full_rank:
-            return Memory(state=k * d, records=2 + k, prepared=2 * k + 4)
-        return Memory(state=d + k, records=1 + k, prepared=2 * k + 4)
+            return Memory(state=k * d, records=2 + k * (2 * k + 1), prepared=2 * k + 4)
+        return Memory(state=d + k, records=1 + k + (k + 2), prepared=2 * k + 4)
 
     @classmethod
     def step_limit(cls, config, instance):
@@ -387,7 +388,7 @@ class LinearizedFullRank(Learner):
     def trajectory(self, result: RunResult):
         rec = result.records
         return _trajectory(result, rec["overlap"], rec["delta"], None, self.seed,
-                           self.eval_size)
+                           self.eval_size, full_rank=True)
 
 
 def reduce_rows(delta: torch.Tensor, k: int) -> np.ndarray:
@@ -455,10 +456,73 @@ def linear_loss(instances, delta: np.ndarray, *, seed: int, size: int) -> np.nda
     return out
 
 
-def _trajectory(result: RunResult, overlap, delta, c_ov, seed: int, eval_size: int):
-    """The Trajectory of either parameterisation from Δ (R, C, k, D) in a reduced basis."""
+FLOOR_BFGS_MAX_K = 10  # the rank-1 unprojected joint floor (BFGS, seeded starts) up to this k
+ODE_RTOL = 1e-7  # the rank-1 mean-drift ODE's tolerance (a curve beside SGD, not a test value)
+
+
+def _theory(result: RunResult, full_rank: bool) -> tuple[dict, dict, dict]:
+    """The linear model's exact theory beside its runs (``hermite.linearized``), per instance
+    group: the mean ODE of the overlap and of the linear loss L(E Δₜ), the floor min L and the
+    true network loss at its minimiser. Returns (Trajectory theory kwargs, extras, attrs).
+
+    Full rank: E Δₜ is exact (the sample gradient is affine in Δ), so ``ode_loss_linear`` is
+    L at the mean (a lower bound of the mean loss by the SGD noise, ``tr A Cov Δₜ``). Rank 1:
+    the mean-drift ODE of (û, ĉ), first order in η (no retraction lag)."""
+    from hermite.linearized import (
+        linear_model_floor,
+        linear_model_ode,
+        linear_model_quadratic,
+        linear_model_rank1_ode,
+    )
+
+    cfg, rec, steps = result.config, result.records, result.steps
+    o = cfg.options
+    runs, cps = len(result.instances), steps.size
+    ode = np.full((runs, cps), np.nan)
+    ode_lin, ode_true = np.full((runs, cps), np.nan), np.full((runs, cps), np.nan)
+    floor_lin, floor_true = np.full(runs, np.nan), np.full(runs, np.nan)
+    notes = []
+    for inst, idx in group_runs(result.instances):
+        quad = linear_model_quadratic(inst)
+        if full_rank:
+            mean = linear_model_ode(inst, None, cfg.eta, steps, project=o.project,
+                                    prox=o.prox, quad=quad)
+            ode[idx], ode_lin[idx], ode_true[idx] = mean.overlap, mean.loss_linear, \
+                mean.loss_true
+        else:
+            c0 = rec["c_hat"][idx, 0] if o.joint_c else None
+            mean = linear_model_rank1_ode(inst, rec["coords"][idx, 0], cfg.eta, steps, c0=c0,
+                                          project=o.project, joint_c=o.joint_c,
+                                          eta_c=cfg.step_size_c, prox=o.prox, quad=quad,
+                                          rtol=ODE_RTOL)
+            ode[idx], ode_lin[idx], ode_true[idx] = mean.overlap, mean.loss_linear, \
+                mean.loss_true
+        if not full_rank and o.joint_c and not o.project and inst.k > FLOOR_BFGS_MAX_K:
+            notes.append(f"rank-1 unprojected joint-ĉ floor not computed for k = {inst.k} > "
+                         f"{FLOOR_BFGS_MAX_K} (a BFGS search over the sphere)")
+            continue
+        floor = linear_model_floor(inst, rank="full" if full_rank else 1, project=o.project,
+                                   joint_c=o.joint_c, prox=o.prox, quad=quad)
+        floor_lin[idx], floor_true[idx] = floor.loss_linear, floor.loss_true
+    order = ("exact mean of SGD (E Δₜ; L at the mean, below the mean loss by the SGD noise)"
+             if full_rank else "mean-drift ODE, first order in η (no retraction lag)")
+    extra = {"ode_loss_linear": ode_lin, "ode_loss_true": ode_true,
+             "floor_linear": floor_lin, "floor_true": floor_true}
+    attrs = {"ode_loss_linear": {"note": order}, "ode_loss_true": {"note": order},
+             "floor_linear": {"note": "min over the learner's Δ of the linear model's "
+                                      "population loss" + ("; " + "; ".join(notes)
+                                                           if notes else "")},
+             "floor_true": {"note": "the true network's loss at the floor's minimiser"}}
+    return {"ode": ode}, extra, attrs
+
+
+def _trajectory(result: RunResult, overlap, delta, c_ov, seed: int, eval_size: int,
+                full_rank: bool = False):
+    """The Trajectory of either parameterisation from Δ (R, C, k, D) in a reduced basis, with
+    the linear model's exact theory (:func:`_theory`)."""
     insts = result.instances
+    theory, extra, attrs = _theory(result, full_rank)
     extra = {"loss_linear": linear_loss(insts, delta, seed=seed, size=eval_size),
-             "delta_norm": np.sqrt(np.square(delta).sum((2, 3)))}
+             "delta_norm": np.sqrt(np.square(delta).sum((2, 3)))} | extra
     return make_trajectory(result, overlap, true_loss(insts, delta), loss_kind="exact",
-                           c_overlap=c_ov, extra=extra)
+                           c_overlap=c_ov, extra=extra, theory=theory, extra_attrs=attrs)

@@ -573,9 +573,9 @@ class Sparse(NetworkLearner):
 
     @classmethod
     def memory(cls, config, d: int, k: int) -> Memory:
-        """The s tuned rows of d and λ (k); records as the network learners at k′ = k."""
-        rows = int(config.options.sparse_rows or math.ceil((k + d) / max(d, 1)))
-        return Memory(state=rows * d + k, records=2 * k * k + k, prepared=2 * k + 4)
+        """All k rows of d (the s tuned ones move) and λ (k); records as the network
+        learners at k′ = k."""
+        return Memory(state=k * d + k, records=2 * k * k + k, prepared=2 * k + 4)
 
     @classmethod
     def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
