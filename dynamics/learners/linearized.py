@@ -506,8 +506,10 @@ def _theory(result: RunResult, full_rank: bool) -> tuple[dict, dict, dict]:
         floor_lin[idx], floor_true[idx] = floor.loss_linear, floor.loss_true
     order = ("exact mean of SGD (E Δₜ; L at the mean, below the mean loss by the SGD noise)"
              if full_rank else "mean-drift ODE, first order in η (no retraction lag)")
+    # the floors are constants, stored per checkpoint to be drawn as lines like the ODE
     extra = {"ode_loss_linear": ode_lin, "ode_loss_true": ode_true,
-             "floor_linear": floor_lin, "floor_true": floor_true}
+             "floor_linear": np.repeat(floor_lin[:, None], cps, 1),
+             "floor_true": np.repeat(floor_true[:, None], cps, 1)}
     attrs = {"ode_loss_linear": {"note": order}, "ode_loss_true": {"note": order},
              "floor_linear": {"note": "min over the learner's Δ of the linear model's "
                                       "population loss" + ("; " + "; ".join(notes)

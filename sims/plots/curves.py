@@ -69,10 +69,14 @@ NEEDS = {
 # quantity → reference lines: (source, legend key, line style); median over runs, same colour
 REFERENCES = {
     "singular_values": (("extra:ode_singular_values", "matrix_ode", "--"),),
-    "loss_linear": (("loss", "true_loss", ":"),),
+    "loss_linear": (("loss", "true_loss", ":"),
+                    ("extra:ode_loss_linear", "linear_ode", "--"),
+                    ("extra:floor_linear", "linear_floor", (0, (1, 3)))),
     "refit_loss": (("extra:refit_loss_population", "refit_population", "--"),
                    ("extra:base_loss", "base_loss", ":")),
-    "loss": (("extra:ode_loss", "committee_ode", "--"),),
+    "loss": (("extra:ode_loss", "committee_ode", "--"),
+             ("extra:ode_loss_true", "linear_ode_true", "--"),
+             ("extra:floor_true", "linear_floor_true", (0, (1, 3)))),
     "alignment": (("extra:ode_alignment", "committee_ode", "--"),),
 }
 # quantity → the sources of its theory lines (a curve with no finite value in any has none)
@@ -82,6 +86,8 @@ THEORY = {
     "singular_values": ("extra:ode_singular_values",),
     "refit_loss": ("extra:refit_loss_population",),
 }
+THEORY["loss"] += ("extra:ode_loss_true",)  # linearized: the true loss at its mean Δ
+THEORY["loss_linear"] = ("extra:ode_loss_linear", "extra:floor_linear")
 THEORY_ZORDER = 3  # above the medians (Line2D default 2) and bands
 REFERENCE_LABELS = {
     "matrix_ode": "matrix ODE (σ_a of its M_t)",
@@ -89,6 +95,10 @@ REFERENCE_LABELS = {
     "refit_population": "population-optimal refit a = A⁺b",
     "base_loss": "base network f₀",
     "committee_ode": "committee-machine ODE",
+    "linear_ode": "linear model's mean ODE (L at E Δ)",
+    "linear_floor": "linear model's floor min L",
+    "linear_ode_true": "true loss at the linear model's mean Δ",
+    "linear_floor_true": "true loss at the linear model's floor",
 }
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
 SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
