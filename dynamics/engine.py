@@ -9,10 +9,29 @@ learner calls invalid, e.g. |m| > 1 + tol) are marked diverged at that step, res
 their (finite) state at the start of the chunk and frozen (their step sizes set to 0), so NaN
 never reaches the other runs; their records read NaN from that step on.
 ``engine = reduced | auto`` dispatches to ``dynamics.reduced``.
+
+Interruption (issue 26): inside :func:`interruptible` (``loradyn run``), the first SIGINT or
+SIGTERM only sets a flag; the full engine's hot loop polls it at every chunk end, stops
+there, and :meth:`FullRun.run` returns the trajectory of the checkpoints reached so far
+(``Interruption.step``: the step it stopped at). A second signal raises :class:`Interrupted`
+(abort now, keep nothing). The reduced engine runs in one numba/CUDA kernel call that
+cannot stop midway: a signal during it is honoured when it returns, i.e. the run finishes
+and its trajectory is complete (``Interruption.step`` stays None). ``interruptible(keep=
+False)`` (``loradyn sweep``) raises :class:`Interrupted` at once instead: the caller keeps
+what it finished.
+
+Test hook: the environment variable ``LORADYN_TEST_INTERRUPT_AFTER_CHUNKS=N`` makes the
+process send itself SIGINT (``LORADYN_TEST_INTERRUPT_SIGNAL=TERM``: SIGTERM) once N chunks
+have run in it: checked before the full engine's first chunk and after each, and before
+each reduced-engine run (which counts as one chunk). Tests use it to interrupt a run at a
+known point whatever the machine's load; it is never set otherwise.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,7 +47,78 @@ from .sampling import NoiseSource, resolve_device, resolve_dtype
 from .trajectory import Trajectory, checkpoint_steps
 
 __all__ = ["simulate", "simulate_full", "FullRun", "choose_engine", "initial_directions",
-           "chunk_schedule", "iter_chunk_schedule"]
+           "chunk_schedule", "iter_chunk_schedule", "Interruption", "Interrupted",
+           "interruptible", "TEST_INTERRUPT_ENV"]
+
+TEST_INTERRUPT_ENV = "LORADYN_TEST_INTERRUPT_AFTER_CHUNKS"  # test hook (module docstring)
+TEST_SIGNAL_ENV = "LORADYN_TEST_INTERRUPT_SIGNAL"  # INT (default) or TERM
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM turned into an exception (``signum``: which)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+class Interruption:
+    """The flag of :func:`interruptible`: ``signum`` (the first signal received, None if
+    none) and ``step`` (the step the full engine stopped at, None if it did not stop
+    early: no signal, or one that came outside its hot loop)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.step: int | None = None
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+
+_ACTIVE: Interruption | None = None  # the flag of the innermost interruptible(keep=True)
+_CHUNKS = [0]  # chunks run in this process, for the test hook
+
+
+@contextmanager
+def interruptible(keep: bool = True) -> Iterator[Interruption]:
+    """SIGINT/SIGTERM handling for a command (module docstring). ``keep``: the first signal
+    sets the yielded flag (the full engine stops at its next chunk end), a second raises
+    :class:`Interrupted`; otherwise every signal raises :class:`Interrupted` at once.
+    Outside the main thread (where handlers cannot be installed) nothing changes."""
+    global _ACTIVE
+    flag = Interruption()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, _frame):
+        if keep and flag.signum is None:
+            flag.signum = signum
+            return
+        raise Interrupted(signum)
+
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.signal(s, handler) for s in sigs}
+    outer, _ACTIVE = _ACTIVE, (flag if keep else None)
+    try:
+        yield flag
+    finally:
+        _ACTIVE = outer
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def _stop_requested() -> bool:
+    return _ACTIVE is not None and _ACTIVE.signum is not None
+
+
+def _test_hook() -> None:
+    """Send the test signal if ``TEST_INTERRUPT_ENV`` chunks have run (module docstring)."""
+    want = os.environ.get(TEST_INTERRUPT_ENV)
+    if want and want.strip().isdigit() and int(want) == _CHUNKS[0]:
+        name = os.environ.get(TEST_SIGNAL_ENV, "INT").upper().removeprefix("SIG")
+        os.kill(os.getpid(), signal.SIGTERM if name == "TERM" else signal.SIGINT)
 
 
 def simulate(config, progress: bool = False) -> Trajectory:
@@ -44,7 +134,10 @@ def simulate(config, progress: bool = False) -> Trajectory:
     if run.engine == "reduced":
         from .reduced import simulate_resolved
 
-        return simulate_resolved(run)
+        _test_hook()  # one kernel call: a signal is honoured when it returns
+        traj = simulate_resolved(run)
+        _CHUNKS[0] += 1
+        return traj
     return FullRun(run.config, instances=run.run_instances).run(progress)
 
 
@@ -159,6 +252,9 @@ class FullRun:
                                 device=self.device)
             chunks = noise.chunks(n for n, _ in iter_chunk_schedule(self.steps,
                                                                     noise.chunk_steps))
+            hooked = TEST_INTERRUPT_ENV in os.environ  # test hook (module docstring)
+            if hooked:
+                _test_hook()
             for (n, at_checkpoint), (buf, sqnorm) in zip(schedule, chunks, strict=True):
                 start, snapshot = state.step, state.clone()
                 x = buf[..., :d]
@@ -173,10 +269,20 @@ class FullRun:
                 bar.update(n)
                 if at_checkpoint:
                     self.records.add(state)
+                _CHUNKS[0] += 1
+                if hooked:
+                    _test_hook()
+                if _stop_requested() and state.step < cfg.steps:  # between chunks (doc)
+                    _ACTIVE.step = int(state.step)
+                    chunks.close()
+                    break
 
     def trajectory(self) -> Trajectory:
         """Observables at the checkpoints (loss, theory) as a :class:`Trajectory`."""
-        result = RunResult(self.config, self.instances, self.steps, self.records.arrays(),
+        records = self.records.arrays()
+        reached = next(iter(records.values())).shape[1] if records else len(self.steps)
+        # interrupted (module docstring): the checkpoints recorded so far
+        result = RunResult(self.config, self.instances, self.steps[:reached], records,
                            self.divergence.step, self.m0, self.device)
         return self.learner.trajectory(result)
 

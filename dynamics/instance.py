@@ -58,6 +58,7 @@ __all__ = [
     "C_GENERATORS",
     "CONVENTIONS",
     "TEACHERS",
+    "distinct_instances",
 ]
 
 SPEC_KEYS = ("activation", "k", "d", "xi", "W", "gram", "lam", "c", "c_hat", "u_alpha", "seed",
@@ -216,12 +217,22 @@ class Instance:
 
 # ---------------------------------------------------------------- spec parsing
 def load_spec(path) -> dict:
-    """Read a JSON or TOML instance spec (by extension; JSON is tried first otherwise)."""
+    """Read a JSON or TOML instance spec (by extension; JSON is tried first otherwise).
+    A path that cannot be read is a :class:`SpecError` (key ``file``) whose one line names
+    it: ``instance spec nope.toml: no such file``."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
-        raise SpecError("file", f"cannot read {path}: {exc.strerror}") from None
+        if isinstance(exc, FileNotFoundError):
+            problem = "no such file"
+        elif isinstance(exc, IsADirectoryError):
+            problem = "is a directory, not a spec file"
+        else:
+            problem = f"cannot read it ({exc.strerror or type(exc).__name__})"
+        err = SpecError("file", problem)
+        err.args = (f"instance spec {path}: {problem}",)
+        raise err from None
     try:
         if path.suffix.lower() == ".toml":
             spec = tomllib.loads(text)
@@ -491,3 +502,16 @@ def _committee_instance(spec: dict, act: Activation, k: int, d: int | None) -> I
                 "values": {"gram": gram.tolist(), "lam": lam.tolist()}}
     return Instance(act, k, d, 0.0, gram, factor, zeros, lam, zeros, zeros.copy(), seed,
                     resolved, {}, "unit", "committee")
+
+
+def distinct_instances(instances) -> tuple[list[Instance], np.ndarray]:
+    """The distinct instances of a per-run list (by identity, in first-seen order) and each
+    run's index into them (R,) int64: what a trajectory file stores once per instance."""
+    seen: dict[int, int] = {}
+    order, index = [], []
+    for inst in instances:
+        if id(inst) not in seen:
+            seen[id(inst)] = len(order)
+            order.append(inst)
+        index.append(seen[id(inst)])
+    return order, np.asarray(index, dtype=np.int64)

@@ -15,7 +15,7 @@ import numpy as np
 
 from .budget import Estimate, check_memory
 from .config import RunConfig
-from .instance import Instance
+from .instance import Instance, distinct_instances
 
 __all__ = ["ResolvedRun", "resolve_run", "choose_engine"]
 
@@ -30,7 +30,7 @@ class ResolvedRun:
     """
 
     config: RunConfig
-    instances: tuple[Instance, ...]
+    instances: list[Instance]
     index: np.ndarray
     learner: type
     width: int
@@ -56,17 +56,6 @@ def choose_engine(config: RunConfig) -> str:
     return "reduced" if ok else "full"
 
 
-def _distinct(per_run: list[Instance]) -> tuple[tuple[Instance, ...], np.ndarray]:
-    seen: dict[int, int] = {}
-    order, index = [], []
-    for inst in per_run:
-        if id(inst) not in seen:
-            seen[id(inst)] = len(order)
-            order.append(inst)
-        index.append(seen[id(inst)])
-    return tuple(order), np.asarray(index, dtype=np.int64)
-
-
 def resolve_run(config: RunConfig, *, instance: Instance | None = None,
                 names: dict | None = None) -> ResolvedRun:
     """Validate ``config`` and resolve it (module docstring). ``instance``: the spec's own
@@ -81,7 +70,7 @@ def resolve_run(config: RunConfig, *, instance: Instance | None = None,
         instance = build_instance(config.instance)
     config.validate(instance)
     per_run = config.run_instances(instance)
-    instances, index = _distinct(per_run)
+    instances, index = distinct_instances(per_run)
     learner = get_learner(config.learner)
     engine = choose_engine(config)
     memory = check_memory(config, names, engine=engine)

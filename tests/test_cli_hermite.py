@@ -124,9 +124,9 @@ def test_malformed_and_missing_spec(runner, tmp_path):
     assert "not valid JSON" in _one_line_error(runner.invoke(cli, ["hermite", "h", str(bad),
                                                                    "--m", "0"]))
     missing = str(tmp_path / "missing.json")
-    assert "cannot read" in _one_line_error(runner.invoke(cli, ["hermite", "h", missing,
+    assert "no such file" in _one_line_error(runner.invoke(cli, ["hermite", "h", missing,
                                                                 "--m", "0"]))
-    assert "cannot read" in _one_line_error(runner.invoke(cli, ["hermite", "ode", missing,
+    assert "no such file" in _one_line_error(runner.invoke(cli, ["hermite", "ode", missing,
                                                                 "--eta", "0.1"]))
 
 

@@ -96,7 +96,7 @@ def test_malformed_spec(runner, content, message):
     res = runner.invoke(cli, ["run", "bad.toml", *FAST, "--out", "x.h5"])
     assert message in _error_line(res)
     res = runner.invoke(cli, ["run", "missing.toml", *FAST, "--out", "x.h5"])
-    assert "cannot read missing.toml" in _error_line(res)
+    assert "instance spec missing.toml: no such file" in _error_line(res)
 
 
 def test_interrupted_run_keeps_the_old_file(runner, monkeypatch):

@@ -548,7 +548,7 @@ def test_an_allocation_failure_the_estimate_missed_is_one_line(here, monkeypatch
     def fail(*_a, **_k):
         raise exc
 
-    monkeypatch.setattr(engine, "simulate_full", fail)
+    monkeypatch.setattr(engine.FullRun, "__init__", fail)
     line = one_line_error(invoke("run", "spec.toml", *FAST, "--out", "m.h5"))
     assert line.startswith("Error: out of memory (") and "lower --runs" in line
     assert not Path("m.h5").exists()

@@ -1,4 +1,18 @@
-"""``loradyn run SPEC``: simulate R runs of online SGD and write one HDF5 trajectory file."""
+"""``loradyn run SPEC``: simulate R runs of online SGD and write one HDF5 trajectory file.
+
+``--set KEY=VALUE`` (repeatable) overrides one instance-spec key of SPEC before anything is
+built (:func:`parse_overrides`: the value is read as a TOML/JSON scalar or array, a bare
+word as a string; an unknown key or a malformed pair is a one-line error naming it).
+
+Interruption (issue 26; :func:`dynamics.engine.interruptible`): the first SIGINT (Ctrl-C) or
+SIGTERM stops the full engine at its next chunk end; the checkpoints reached so far are
+written to --out as a complete, checksummed trajectory file marked ``interrupted``
+(``loradyn show`` says so), one line says where, and the command exits 130 (SIGINT) or 143
+(SIGTERM). The reduced engine's kernel cannot stop midway: a signal during it is honoured
+when it returns, the run being then finished: its complete file is written (not marked) and
+the command exits 130/143 all the same. A second signal aborts at once and writes nothing.
+An existing --out is never replaced without --force (checked before any compute).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +23,7 @@ import warnings
 
 import click
 import numpy as np
+import tomllib
 
 from dynamics.config import ENGINES, LEARNERS, STREAMS, RunConfig
 from dynamics.defaults import (
@@ -18,8 +33,8 @@ from dynamics.defaults import (
     default_steps,
     has_population_ode,
 )
-from dynamics.engine import simulate
-from dynamics.instance import build_instance, load_spec
+from dynamics.engine import interruptible, simulate
+from dynamics.instance import SPEC_KEYS, SpecError, build_instance, load_spec
 from dynamics.learners import get_learner
 from dynamics.learners.registry import default_learner
 from sims.commands.checks import (
@@ -35,7 +50,58 @@ from sims.io.summary import quantity_summaries
 from sims.io.trajectory import write_trajectory
 from sims.plots.quick import instance_title, plot_run
 
-__all__ = ["run", "run_config", "summary_json"]
+__all__ = ["run", "run_config", "summary_json", "parse_overrides", "apply_overrides"]
+
+_QUOTED = ('"', "'", "[", "{")  # a value starting so must parse as TOML/JSON
+
+
+def _parse_value(key: str, text: str):
+    """A ``--set`` value: TOML, else JSON, else (a bare word such as ``tanh`` or
+    ``erf(x/sqrt2)``) the string itself."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        pass
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    if not text.strip() or text.lstrip().startswith(_QUOTED):
+        raise ValueError(f"--set {key}={text}: the value is not a TOML/JSON scalar or array")
+    return text.strip()
+
+
+def parse_overrides(pairs) -> dict:
+    """``("KEY=VALUE", …)`` → {key: value}; a malformed pair (ValueError) or an unknown key
+    (SpecError, as the spec parser words it, naming ``--set KEY``) is one line."""
+    out = {}
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ValueError(f"--set {pair!r}: expected KEY=VALUE (e.g. --set d=4000)")
+        if key not in SPEC_KEYS:
+            err = SpecError(key, "")
+            err.args = (f"instance spec: key '{key}' (--set {key}): unknown key; valid keys: "
+                        f"{', '.join(SPEC_KEYS)}",)
+            raise err
+        out[key] = _parse_value(key, text)
+    return out
+
+
+def apply_overrides(spec: dict, overrides: dict) -> dict:
+    """The spec dict with ``overrides`` applied (a new dict)."""
+    return {**spec, **overrides}
+
+
+def _name_override(exc: SpecError, overrides: dict) -> None:
+    """Re-raise a spec error about an overridden key naming its ``--set``."""
+    key = getattr(exc, "key", None)
+    if key in overrides:
+        text = str(exc).replace(f"key '{key}'", f"key '{key}' (--set {key})", 1)
+        err = SpecError(key, "")
+        err.args = (text,)
+        raise err from None
 
 
 def run_config(spec_path, *, eta, steps, spec: dict | None = None, base=None,
@@ -144,8 +210,12 @@ def _summary_line(traj, notes) -> str:
                    "independent of R) or one shared (one draw per chunk: fast on CUDA); "
                    "auto: per_run on CPU, shared on CUDA; counter (CPU): a counter-based "
                    "ziggurat per run, same law, other numbers, ~6x cheaper per number.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override an instance-spec key of SPEC (repeatable): --set d=4000 --set "
+                   "activation=tanh --set lam=[1,2,3]; values are TOML/JSON scalars or arrays.")
 @click.option("--out", required=True,
-              help="Output HDF5 file (written atomically).")
+              help="Output HDF5 file (written atomically; on SIGINT/SIGTERM the checkpoints "
+                   "reached, marked interrupted).")
 @click.option("--plot", default=None,
               help="Also write an overlap-vs-steps figure (.png, .pdf or .svg).")
 @click.option("--force", is_flag=True,
@@ -157,28 +227,37 @@ def _summary_line(traj, notes) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the mean curve as JSON.")
 def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, spacing,
         xi_values, instance_seeds, dtype, device, engine, streams, out, plot, finite_d_theory,
-        as_json, force=False, **options):
+        as_json, force=False, overrides=(), **options):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
-    spec_dict = load_spec(spec)  # read once
+    given = parse_overrides(overrides)  # before the file: a bad --set is named first
+    spec_dict = apply_overrides(load_spec(spec), given)  # read once
     learner = learner or spec_learner(spec_dict)
-    base = build_instance(spec_dict)  # the spec's instance, built once
-    options = given_options(click.get_current_context(), options, learner)
-    config, notes = run_config(
-        spec, spec=spec_dict, base=base, eta=eta, steps=steps, learner=learner, runs=runs,
-        seed=seed, batch=batch,
-        label_noise=label_noise, checkpoints=checkpoints, spacing=spacing,
-        xi_values=list(xi_values) or None, instance_seeds=instance_seeds, dtype=dtype,
-        device=device, engine=engine, streams=streams, finite_d_theory=finite_d_theory,
-        **options)
-    resolved = preflight(spec, config, out=out, plot=plot, force=force,
-                         instance=base)  # before any compute; validated there already
-    with memory_guard():
-        traj = simulate(resolved, progress=sys.stderr.isatty())
-    for line in blowup_lines(health(traj)):
-        warn(line)
-    write_trajectory(out, traj, config)  # the instances the trajectory carries
+    try:
+        base = build_instance(spec_dict)  # the spec's instance, built once
+        options = given_options(click.get_current_context(), options, learner)
+        config, notes = run_config(
+            spec, spec=spec_dict, base=base, eta=eta, steps=steps, learner=learner,
+            runs=runs, seed=seed, batch=batch,
+            label_noise=label_noise, checkpoints=checkpoints, spacing=spacing,
+            xi_values=list(xi_values) or None, instance_seeds=instance_seeds, dtype=dtype,
+            device=device, engine=engine, streams=streams, finite_d_theory=finite_d_theory,
+            **options)
+        resolved = preflight(spec, config, out=out, plot=plot, force=force,
+                             instance=base)  # before any compute; validated there already
+    except SpecError as exc:
+        _name_override(exc, given)
+        raise
+    with interruptible() as stop:  # module docstring
+        with memory_guard():
+            traj = simulate(resolved, progress=sys.stderr.isatty())
+        for line in blowup_lines(health(traj)):
+            warn(line)
+        write_trajectory(out, traj, config,  # the instances the trajectory carries
+                         interrupted_at=stop.step, interrupted_by=stop.signal_name)
+        if stop.signum is not None:
+            _interrupted(stop, traj, config, out, plot)
     if plot:
-        plot_run(traj, plot, instance_title(config))
+        plot_run(traj, plot, instance_title(config), config=config)
     if as_json:
         click.echo(json.dumps(summary_json(traj)))
     else:
@@ -188,3 +267,19 @@ def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, 
         first = int(traj.diverged_step.min())
         raise click.ClickException(f"all {traj.runs} runs diverged (first at step {first}); "
                                    f"lower --eta (file written: {out})")
+
+
+def _interrupted(stop, traj, config, out, plot) -> None:
+    """One line saying what was written, then exit 128 + the signal (130, 143)."""
+    name = stop.signal_name
+    if stop.step is not None:
+        line = (f"interrupted ({name}) at step {stop.step} of {config.steps}: checkpoints up "
+                f"to step {int(traj.steps[-1])} written to {out}, marked interrupted"
+                + ("; --plot skipped" if plot else ""))
+    else:  # in the reduced engine's kernel, or in the theory/writing after the last step
+        why = (" (the reduced engine cannot stop inside its kernel)"
+               if traj.engine == "reduced" else "")
+        line = (f"interrupted ({name}) after the last step{why}: the finished run was "
+                f"written to {out}" + ("; --plot skipped" if plot else ""))
+    click.echo(line, err=True)
+    click.get_current_context().exit(128 + int(stop.signum))

@@ -1,5 +1,7 @@
 """``loradyn show FILE.h5``: what a trajectory file or a sweep file holds (provenance, config,
-summary; for a sweep: its axes, how many of its cells are finished, one line per cell)."""
+summary; for a sweep: its axes, how many of its cells are finished, one line per cell). A run
+stopped by SIGINT/SIGTERM says so: ``interrupted   at step 12000 of 50000 (checkpoints up to
+step 10000)``."""
 
 from __future__ import annotations
 
@@ -32,8 +34,20 @@ def describe(path) -> dict:
     if "init_rows_sha256" in given:
         out["init_rows"] = {k: _plain(given[k]) for k in ("init_rows", "init_rows_sha256",
                                                           "init_rows_shape", "init_frame")}
+    out["interrupted"] = _interruption(meta, traj)
     out["summary"] = traj.summary()
     return out
+
+
+def _interruption(meta: dict, traj) -> dict | None:
+    """{"at_step", "of_steps", "last_checkpoint", "signal"} of an interrupted run's file
+    (``sims.io.trajectory``), None for a finished run."""
+    if not meta.get("interrupted", False):
+        return None
+    return {"at_step": meta.get("interrupted_at_step"),
+            "of_steps": (meta.get("config") or {}).get("steps"),
+            "last_checkpoint": int(traj.steps[-1]) if np.size(traj.steps) else None,
+            "signal": meta.get("interrupted_by")}
 
 
 def _plain(value):
@@ -118,6 +132,10 @@ def show(file, as_json):
         return
     for key in HEADER:
         click.echo(f"{key:16s} {info[key]}")
+    if info.get("interrupted"):
+        stop = info["interrupted"]
+        click.echo(f"{'interrupted':16s} at step {stop['at_step']} of {stop['of_steps']} "
+                   f"(checkpoints up to step {stop['last_checkpoint']}; {stop['signal']})")
     cfg = info["config"] or {}
     spec = {k: _brief(v) for k, v in cfg.get("instance", {}).items()}
     click.echo(f"{'instance':16s} {json.dumps(spec, sort_keys=True, ensure_ascii=False)}")

@@ -1,24 +1,50 @@
-"""``loradyn sweep SPEC.toml``: run a grid of cells into one resumable HDF5 sweep file."""
+"""``loradyn sweep SPEC.toml``: run a grid of cells into one resumable HDF5 sweep file.
+
+On SIGINT (Ctrl-C) or SIGTERM the sweep stops at once (:func:`dynamics.engine.interruptible`
+with ``keep=False``): the batch in flight is dropped, the finished cells stay (each written
+atomically, the sweep file rebuilt from them), one line gives the count and the exact command
+that resumes it (``interrupted: 3 of 8 cells written; resume with: loradyn sweep SPEC.toml
+--out F.h5``), and the command exits 130 (SIGINT) or 143 (SIGTERM).
+"""
 
 from __future__ import annotations
 
+import shlex
+import signal
 import sys
 from pathlib import Path
 
 import click
 
+from dynamics.engine import interruptible
 from sims.commands.checks import check_sweep
-from sims.experiments.sweep import run_sweep
+from sims.experiments.sweep import SweepInterrupted, run_sweep
 from sims.experiments.sweep_batch import MAX_BATCH_RUNS
 from sims.experiments.sweep_spec import load_sweep
 from sims.io.outputs import Input, Output, check_outputs
+from sims.io.sweep import finished_cells
 
-__all__ = ["sweep", "default_out"]
+__all__ = ["sweep", "default_out", "resume_command"]
 
 
 def default_out(spec_path) -> Path:
     """results/<spec stem>.h5."""
     return Path("results") / f"{Path(spec_path).stem}.h5"
+
+
+def resume_command(spec, out, *, scheduler=None, no_batch=False,
+                   max_batch_runs=MAX_BATCH_RUNS, update=False) -> str:
+    """The command line that resumes this sweep: same SPEC, --out and batching options."""
+    words = ["loradyn", "sweep", str(spec), "--out", str(out)]
+    if scheduler:
+        words += ["--scheduler", scheduler]
+    if no_batch:
+        words.append("--no-batch")
+    if max_batch_runs != MAX_BATCH_RUNS:
+        words += ["--max-batch-runs", str(max_batch_runs)]
+    if update:
+        words.append("--update")
+    return shlex.join(words)
 
 
 @click.command("sweep")
@@ -51,8 +77,20 @@ def sweep(spec, out, scheduler, no_batch, max_batch_runs, update, dry_run, force
         return
     check_outputs([Output("--out", out, "hdf5", "sweep")], [Input("SPEC", spec)], force=force)
     check_sweep(parsed, out, batch=not no_batch, max_batch_runs=max_batch_runs, force=force)
-    result = run_sweep(parsed, out, scheduler=scheduler, batch=not no_batch,
-                       max_batch_runs=max_batch_runs, update=update,
-                       progress=sys.stderr.isatty(), echo=click.echo)
+    try:
+        with interruptible(keep=False):  # module docstring
+            result = run_sweep(parsed, out, scheduler=scheduler, batch=not no_batch,
+                               max_batch_runs=max_batch_runs, update=update,
+                               progress=sys.stderr.isatty(), echo=click.echo)
+    except KeyboardInterrupt as stop:  # SweepInterrupted, or one before its loop began
+        if not isinstance(stop, SweepInterrupted):
+            current = {c.hash for c in parsed.cells()}
+            written = sum(h in current for h in finished_cells(out))
+            stop = SweepInterrupted(written, len(current), getattr(stop, "signum", signal.SIGINT))
+        again = resume_command(spec, out, scheduler=scheduler, no_batch=no_batch,
+                               max_batch_runs=max_batch_runs, update=update)
+        click.echo(f"interrupted: {stop.written} of {stop.cells} cells written; resume "
+                   f"with: {again}", err=True)
+        click.get_current_context().exit(128 + stop.signum)
     click.echo(f"computed {result.computed} cell(s), reused {result.reused}, "
                f"in {result.seconds:.1f} s; wrote {result.out}")

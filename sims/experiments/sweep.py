@@ -6,10 +6,16 @@ or one batch per dask task with the results written here, by the client) and reb
 combined file after every finished batch. Finished cells that belong to no cell of the sweep
 file (the file was edited) make it refuse, unless ``update`` (then they are kept on disk, left
 out of the combined file, and the changed cells are computed).
+
+An interruption (KeyboardInterrupt, or :class:`dynamics.engine.Interrupted` for SIGTERM)
+drops the batch in flight, rebuilds the combined file from the cells finished so far and is
+raised again as :class:`SweepInterrupted` (how many cells are written, of how many; the
+signal), which ``loradyn sweep`` turns into one line naming the command that resumes it.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -30,7 +36,7 @@ from sims.io.sweep import (
 )
 from sims.io.trajectory import TrajectoryFileError, check_writable
 
-__all__ = ["SweepResult", "run_sweep", "parse_scheduler"]
+__all__ = ["SweepResult", "SweepInterrupted", "run_sweep", "parse_scheduler"]
 
 CONNECT_TIMEOUT = "10s"  # to an existing dask scheduler
 
@@ -46,6 +52,15 @@ class SweepResult:
     stale: int
     batches: int
     seconds: float
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by SIGINT/SIGTERM: ``written`` of ``cells`` cells are finished on disk;
+    ``signum`` the signal (SIGINT for a plain KeyboardInterrupt)."""
+
+    def __init__(self, written: int, cells: int, signum: int = signal.SIGINT):
+        super().__init__(f"{written} of {cells} cells written")
+        self.written, self.cells, self.signum = int(written), int(cells), int(signum)
 
 
 def parse_scheduler(value: str | None):
@@ -92,11 +107,17 @@ def run_sweep(spec: SweepSpec, out, *, scheduler: str | None = None, batch: bool
                  + (f"; {len(stale)} stale cell file(s) left aside" if stale else ""))
             rebuild_sweep_file(out, spec, cells, finished)
             reused = len(finished)
-            with tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress,
-                      desc="cells") as bar:
-                for batch_, trajs in execute(batches, progress):
-                    _write_batch(out, batch_, trajs, finished, bar)
-                    rebuild_sweep_file(out, spec, cells, finished)
+            try:
+                with tqdm(total=len(cells), initial=reused, unit="cell",
+                          disable=not progress, desc="cells") as bar:
+                    for batch_, trajs in execute(batches, progress):
+                        _write_batch(out, batch_, trajs, finished, bar)
+                        rebuild_sweep_file(out, spec, cells, finished)
+            except KeyboardInterrupt as exc:  # module docstring
+                signum = getattr(exc, "signum", signal.SIGINT)
+                done = {h: p for h, p in finished_cells(out).items() if h in current}
+                rebuild_sweep_file(out, spec, cells, done)  # the cells on disk
+                raise SweepInterrupted(len(done), len(cells), signum) from None
     return SweepResult(out, len(cells), reused, len(finished) - reused, len(stale),
                        len(batches), time.perf_counter() - start)
 

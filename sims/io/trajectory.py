@@ -13,6 +13,12 @@ file and the dataset, instead of reading back wrong numbers. Files written befor
 no checksum) read as before. A theory curve that blew up (``hermite.ode``: NaN after a finite
 value, in runs that did not diverge there) carries the attributes ``blowup_runs`` and
 ``blowup_step`` (the first checkpoint step that is NaN).
+
+A run stopped by SIGINT/SIGTERM (``loradyn run``, issue 26) is written the same way, complete
+and checksummed, with its checkpoints up to the last one reached and the root attributes
+``interrupted`` (True), ``interrupted_at_step`` (the step the engine stopped at; the config's
+``steps`` is the horizon asked for) and ``interrupted_by`` (``SIGINT`` or ``SIGTERM``);
+files of finished runs have none of the three.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from dynamics.instance import distinct_instances
 from dynamics.trajectory import Trajectory
 
 __all__ = [
@@ -51,6 +58,7 @@ __all__ = [
 FORMAT = "loradyn-trajectory"
 FORMAT_VERSION = 1  # bump on incompatible schema changes; independent of the package version
 COMPLETE_ATTR = "complete"  # written last
+INTERRUPTED_ATTR = "interrupted"  # only on files of interrupted runs (module docstring)
 CHECKSUM = True  # Fletcher-32 per chunk on every array (files before issue 16 have none)
 FLOAT = np.float64
 INT = np.int64
@@ -102,7 +110,7 @@ def package_version() -> str:
 def config_json(config, instances) -> str:
     """The full resolved config as JSON, with each distinct resolved instance spec."""
     data = config.to_dict()
-    data["resolved_instances"] = [inst.spec for inst in _distinct(instances)[0]]
+    data["resolved_instances"] = [inst.spec for inst in distinct_instances(instances)[0]]
     return json.dumps(data, sort_keys=True, default=_json_default)
 
 
@@ -114,15 +122,6 @@ def _json_default(obj):
     raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
 
 
-def _distinct(instances):
-    seen: dict[int, int] = {}
-    order, index = [], []
-    for inst in instances:
-        if id(inst) not in seen:
-            seen[id(inst)] = len(order)
-            order.append(inst)
-        index.append(seen[id(inst)])
-    return order, np.asarray(index, dtype=INT)
 
 
 # ---------------------------------------------------------------- typed writers
@@ -197,18 +196,21 @@ def _default_mode() -> int:
 
 
 def write_trajectory(path, traj: Trajectory, config, instances=None, *,
-                     created: str | None = None) -> Path:
+                     created: str | None = None, interrupted_at: int | None = None,
+                     interrupted_by: str = "SIGINT") -> Path:
     """Write one trajectory file atomically (temporary file + ``os.replace``).
 
     ``instances``: the runs' resolved instances; default: those the trajectory carries
     (``Trajectory.instances``, set by every engine), so nothing is rebuilt.
+    ``interrupted_at``: the step an interrupted run stopped at (the file is then marked
+    interrupted, module docstring); ``interrupted_by``: the signal's name.
     """
     path = check_writable(path)
     if instances is None:
         instances = traj.instances
     if instances is None:
         raise ValueError("write_trajectory: the trajectory carries no instances; pass them")
-    distinct, index = _distinct(instances)
+    distinct, index = distinct_instances(instances)
     meta = {
         "loradyn_version": package_version(),
         "git_commit": git_commit(),
@@ -218,6 +220,9 @@ def write_trajectory(path, traj: Trajectory, config, instances=None, *,
         "dtype": traj.dtype, "device": traj.device, "engine": traj.engine,
         "learner": config.learner, "loss_kind": traj.loss_kind,
     }
+    if interrupted_at is not None:
+        meta |= {INTERRUPTED_ATTR: True, "interrupted_at_step": int(interrupted_at),
+                 "interrupted_by": str(interrupted_by)}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp.h5")
     os.close(fd)
     try:
