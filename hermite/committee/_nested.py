@@ -427,3 +427,36 @@ def e2_inner(pair, square):
                                                           corr[:, i, j, None])
         return out
     return inner
+
+
+def nested_e2_smooth(C, outer, g, coef, n_gh):
+    """E[Π_{j<len(outer)} outer[j](x_j) · (Σ_i coef_i g(x_i))²] for x ~ N(0, C), C (B, n, n),
+    coef (B, n), smooth functions: tensor Gauss–Hermite with ``n_gh`` nodes per level
+    (the nested rule without kinks). The partial sum Σ_{i≤j} coef_i g(x_i) is carried level
+    by level (x_i is fixed once its level is integrated), so each level evaluates g once
+    per node, as an I4 evaluates its factor. Returns (B,)."""
+    C = np.asarray(C, dtype=np.float64)
+    coef = np.asarray(coef, dtype=np.float64)
+    B, n, _ = C.shape
+    out = np.empty(B)
+    x0, w0 = gauss_hermite(n_gh)
+    chunk = max(1, _CHUNK_NODES // n_gh ** n)
+    for a in range(0, B, chunk):
+        L = semidefinite_cholesky(C[a:a + chunk])
+        b = L.shape[0]
+        shift = np.zeros((b, 1, n))
+        weight = np.ones((b, 1))
+        part = np.zeros((b, 1))
+        for j in range(n):
+            x = shift[..., j, None] + L[:, j, j, None, None] * x0  # (b, nodes, n_gh)
+            w = weight[..., None] * w0
+            if j < len(outer):
+                w = w * outer[j](x)
+            c = coef[a:a + chunk, j, None, None]
+            e = part[..., None] + (c * g(x) if np.any(c != 0) else 0.0)
+            weight, part = w.reshape(b, -1), np.broadcast_to(e, w.shape).reshape(b, -1)
+            if j < n - 1:
+                shift = (shift[:, :, None, :] + x0[None, None, :, None]
+                         * L[:, None, None, :, j]).reshape(b, -1, n)
+        out[a:a + chunk] = np.sum(weight * part * part, axis=1)
+    return out

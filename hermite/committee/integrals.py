@@ -41,6 +41,7 @@ import numpy as np
 from .._activation import resolve_activation
 from ..activations import Activation, get_activation, scaled_activation
 from . import _nested as nested
+from ._fast import gprime_e2_compiled
 
 __all__ = ["CommitteeIntegrals", "scaled_erf", "INTEGRAL_METHODS", "QUADRATURE_DEFAULTS"]
 
@@ -48,6 +49,10 @@ INTEGRAL_METHODS = ("auto", "closed", "quadrature")
 #: default nodes: Gauss–Hermite per smooth level (2-D, 4-D integrals), Gauss–Legendre per
 #: panel of a kinked level (2-D, 4-D); errors in docs/theory/committee.md
 QUADRATURE_DEFAULTS = {"n2": 96, "n4": 16, "q2": 24, "q4": 12}
+#: the direct (K + M)-dimensional E[g′g′e²] of smooth non-closed activations is used while
+#: its nodes are at most this many times those of the I4 sum (n4 = 16: 10× fewer at
+#: K + M = 4; at K + M = 5 about equal, and the sum, whose nodes are cheaper, was faster)
+DIRECT_MARGIN = 1.0
 
 
 def scaled_erf(scale: float = 1.0 / math.sqrt(2.0)) -> Activation:
@@ -221,7 +226,7 @@ class CommitteeIntegrals:
         return self._quad(C, (self._dg, self._dg, self._g, self._g), 4)
 
 
-    def gprime_e2(self, C, coef, pairs) -> np.ndarray:
+    def gprime_e2(self, C, coef, pairs, *, reference: bool = False) -> np.ndarray:
         """E[g′(x_k) g′(x_l) e²], e = Σ_c coef_c g(x_c), for each (k, l) in ``pairs``; C (P, P)
         the covariance of the P fields, coef (P,).
 
@@ -236,7 +241,41 @@ class CommitteeIntegrals:
         if len(pairs) == 0 or len(nz) == 0:
             return np.zeros(len(pairs))
         if self._pair is not None and self.method != "quadrature":
-            return self._gprime_e2_nested(C, coef, pairs, nz)
+            return self._gprime_e2_nested(C, coef, pairs, nz, compiled=not reference)
+        width = max(len(set(nz.tolist()) | {int(k), int(l)}) for k, l in pairs)
+        if not reference and self._direct_e2(width, len(nz)):
+            return self._gprime_e2_direct(C, coef, pairs, nz)
+        return self._gprime_e2_i4_sum(C, coef, pairs, nz)
+
+    def _direct_e2(self, width: int, n_coef: int) -> bool:
+        """Whether E[g′g′e²] is cheaper as one ``width``-dimensional quadrature per pair
+        (the fields of e and the pair) than as the sum of n_coef(n_coef + 1)/2 4-D I4's, with
+        a margin (:data:`DIRECT_MARGIN`) for the direct form, which does not cancel near
+        e = 0. Smooth activations of the quadrature and polynomial families only (for
+        polynomials both are exact: Gauss–Hermite with 2p + 1 nodes per level)."""
+        if self.family not in ("quadrature", "polynomial") or self.activation.breakpoints:
+            return False
+        n = float(self.q["n4"])
+        return n ** width <= DIRECT_MARGIN * (n_coef * (n_coef + 1) // 2) * n ** 4
+
+    def _gprime_e2_direct(self, C, coef, pairs, nz):
+        """One nested quadrature over all fields with e ≠ 0 (and x_k, x_l) per pair: factors
+        g′(x_k)g′(x_l) (g′² for k = l) times (Σ_c coef_c g(x_c))² at the node."""
+        out = np.empty(len(pairs))
+        groups: dict = {}
+        for i, (k, l) in enumerate(pairs):
+            outer = (int(k),) if k == l else (int(k), int(l))
+            rest = tuple(int(c) for c in nz if c not in outer)
+            groups.setdefault((len(outer), len(rest)), []).append((i, outer + rest))
+        for (n_outer, _), members in groups.items():
+            idx = np.array([m[1] for m in members])
+            outer = (self._dg2.fn,) if n_outer == 1 else (self._dg.fn, self._dg.fn)
+            out[[m[0] for m in members]] = nested.nested_e2_smooth(
+                C[idx[:, :, None], idx[:, None, :]], outer, self.activation.fn, coef[idx],
+                self.q["n4"])
+        return out
+
+    def _gprime_e2_i4_sum(self, C, coef, pairs, nz):
         iu = np.triu_indices(len(nz))
         c, d = nz[iu[0]], nz[iu[1]]
         w = np.where(c == d, 1.0, 2.0) * coef[c] * coef[d]
@@ -245,7 +284,7 @@ class CommitteeIntegrals:
         vals = self.i4(C[quads[:, :, None], quads[:, None, :]])
         return (vals * np.tile(w, len(pairs))).reshape(len(pairs), -1).sum(axis=1)
 
-    def _gprime_e2_nested(self, C, coef, pairs, nz):
+    def _gprime_e2_nested(self, C, coef, pairs, nz, compiled=True):
         out = np.empty(len(pairs))
         groups: dict = {}
         for i, (k, l) in enumerate(pairs):
@@ -255,6 +294,11 @@ class CommitteeIntegrals:
         inner = nested.e2_inner(self._pair, self._square)
         for (n_outer, _), members in groups.items():
             idx = np.array([m[1] for m in members])
+            if compiled:
+                out[[m[0] for m in members]] = gprime_e2_compiled(
+                    self.family, C[idx[:, :, None], idx[:, None, :]], coef[idx], n_outer,
+                    self.q["q4"])
+                continue
             factors = ((self._dg2,) if n_outer == 1 else (self._dg, self._dg)) + \
                 (self._g,) * (idx.shape[1] - n_outer)
             out[[m[0] for m in members]] = self._quad(
