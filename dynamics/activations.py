@@ -14,8 +14,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from hermite.activations import (
     ACTIVATION_NAMES,
     Activation,
@@ -23,6 +21,10 @@ from hermite.activations import (
     get_activation,
     hermite_normalized,
 )
+
+from .lazy import lazy_import
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = [
     "ACTIVATION_NAMES",
@@ -47,13 +49,16 @@ def _tanh_deriv(x):
     return 1 - t * t
 
 
-_TORCH_OPS: dict[str, tuple[Callable, Callable]] = {
-    "relu": (torch.relu, lambda x: (x > 0).to(x.dtype)),
-    "abs": (torch.abs, torch.sign),
-    "sigmoid": (torch.sigmoid, _sigmoid_deriv),
-    "tanh": (torch.tanh, _tanh_deriv),
-    "erf": (torch.erf, lambda x: _TWO_OVER_SQRT_PI * torch.exp(-x * x)),
-}
+def _torch_ops() -> dict[str, tuple[Callable, Callable]]:
+    """σ and σ′ of the registry activations as torch functions (built on first use: torch is
+    loaded then)."""
+    return {
+        "relu": (torch.relu, lambda x: (x > 0).to(x.dtype)),
+        "abs": (torch.abs, torch.sign),
+        "sigmoid": (torch.sigmoid, _sigmoid_deriv),
+        "tanh": (torch.tanh, _tanh_deriv),
+        "erf": (torch.erf, lambda x: _TWO_OVER_SQRT_PI * torch.exp(-x * x)),
+    }
 
 
 def _through_numpy(f: Callable) -> Callable:
@@ -92,10 +97,11 @@ def torch_activation(activation) -> TorchActivation:
         return activation
     act = get_activation(activation)
     base, a = act.base_and_scale
-    if act.name in _TORCH_OPS and act.fn is get_activation(act.name).fn:
-        fn, deriv = _TORCH_OPS[act.name]
-    elif base in _TORCH_OPS and act is get_activation(act.name):  # σ(a·x), a registry σ
-        f0, d0 = _TORCH_OPS[base]
+    ops = _torch_ops()
+    if act.name in ops and act.fn is get_activation(act.name).fn:
+        fn, deriv = ops[act.name]
+    elif base in ops and act is get_activation(act.name):  # σ(a·x), a registry σ
+        f0, d0 = ops[base]
 
         def fn(x):
             return f0(a * x)

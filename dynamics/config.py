@@ -117,10 +117,11 @@ class RunConfig:
                                  f"dataclasses.replace(config, {name}=...)")
         super().__setattr__(name, value)
 
-    def validate(self, instance: Instance | None = None) -> RunConfig:
-        """Check every field; raise :class:`ConfigError` naming the first bad one (the
-        learner's options checked themselves on construction). ``instance``: the spec's
-        instance when the caller built it already (not built again)."""
+    def check_fields(self) -> RunConfig:
+        """The shared fields alone (learner name, η, counts, seed, enums, ξ values): what
+        :meth:`validate` checks before it builds the instance and asks the learner; cheap
+        (no instance, no torch), so a command can refuse bad input before computing any
+        default."""
         if self.learner not in LEARNERS:
             raise ConfigError("learner", f"unknown learner {self.learner!r}; valid: "
                                          f"{', '.join(LEARNERS)}")
@@ -155,6 +156,13 @@ class RunConfig:
             if self.runs % len(self.xi_values):
                 raise ConfigError("runs", f"{self.runs} runs cannot be split evenly over "
                                           f"{len(self.xi_values)} values of ξ")
+        return self
+
+    def validate(self, instance: Instance | None = None) -> RunConfig:
+        """Check every field; raise :class:`ConfigError` naming the first bad one (the
+        learner's options checked themselves on construction). ``instance``: the spec's
+        instance when the caller built it already (not built again)."""
+        self.check_fields()
         base = build_instance(self.instance) if instance is None else instance  # SpecError
         if base.d is None:
             raise ConfigError("instance", "key 'd' is required to simulate")

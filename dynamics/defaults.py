@@ -16,12 +16,14 @@ import dataclasses
 import math
 
 import numpy as np
-import torch
 
 import hermite
 
 from .instance import Instance
+from .lazy import lazy_import
 from .learners import Finetune, Problem
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["ETA_C", "choose_c", "has_population_ode", "default_eta", "default_steps",
            "gradient_second_moment"]

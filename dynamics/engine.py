@@ -36,15 +36,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from .config import RunConfig
+from .lazy import lazy_import
 from .learners import Problem, RunResult, get_learner
 from .learners.directions import initial_directions
 from .resolve import ResolvedRun, choose_engine, resolve_run
 from .sampling import NoiseSource, resolve_device, resolve_dtype
 from .trajectory import Trajectory, checkpoint_steps
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["simulate", "simulate_full", "FullRun", "choose_engine", "initial_directions",
            "chunk_schedule", "iter_chunk_schedule", "Interruption", "Interrupted",

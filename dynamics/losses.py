@@ -8,14 +8,16 @@ evaluation set, drawn in û's reduced coordinates (exact in law, cost independen
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 import hermite
 
 from .activations import torch_activation
 from .instance import Instance
+from .lazy import lazy_import
 from .observables import group_runs, unit_rows
 from .sampling import run_seed
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = [
     "LOSS_EXACT",

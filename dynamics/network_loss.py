@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 import hermite
-from hermite.committee import CommitteeIntegrals
 
 __all__ = ["teacher_rows", "network_loss", "network_loss_from_grams",
            "network_loss_from_overlaps"]
@@ -88,6 +87,8 @@ def network_loss_from_overlaps(activation, lam, teacher_gram, lam_hat, student_g
     pairs = np.empty(batch + (a.size, 2, 2))
     pairs[..., 0, 0], pairs[..., 1, 1] = C[..., a, a], C[..., b, b]
     pairs[..., 0, 1] = pairs[..., 1, 0] = C[..., a, b]
+    from hermite.committee import CommitteeIntegrals  # numba: loaded on first use
+
     i2 = CommitteeIntegrals(activation).i2(pairs)
     coef = np.concatenate([-lam_hat, np.broadcast_to(np.asarray(lam, float),
                                                      batch + (k,))], axis=-1)

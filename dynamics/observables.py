@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from .instance import Instance
+from .lazy import lazy_import
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["unit_rows", "group_runs", "reduced_coordinates", "c_overlap"]
 

@@ -32,10 +32,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
 
 from .chunking import chunk_steps as default_chunk_steps
 from .chunking import row_width
+from .lazy import lazy_import
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = [
     "STREAMS",
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 STREAMS = {"init": 0, "data": 1, "eval": 2, "refit": 3, "data_shared": 4}
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+DTYPES = ("float64", "float32")
 
 
 def run_seed(seed: int, run: int, stream: str) -> int:
@@ -71,7 +73,7 @@ def resolve_dtype(name: str) -> torch.dtype:
     """``float64`` or ``float32``."""
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    return DTYPES[name]
+    return getattr(torch, name)
 
 
 def counter_keys(seed: int, runs: int) -> np.ndarray:

@@ -7,7 +7,10 @@ The spherical SGD step of eq. (4) is ``retr(x, -eta * proju(x, grad))``.
 
 from __future__ import annotations
 
-import torch
+from .lazy import lazy_import
+
+torch = lazy_import("torch")  # loaded at its first use
+
 
 __all__ = ["inner", "projx", "proju", "retr"]
 

@@ -16,7 +16,10 @@ SGD step is ``retr(X, −η proju(X, G))`` for a Euclidean gradient G.
 from __future__ import annotations
 
 import numpy as np
-import torch
+
+from .lazy import lazy_import
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["RETRACTIONS", "sym", "proju", "retraction_factor", "retr", "projx", "gram",
            "orthonormality_error", "uniform_frames"]

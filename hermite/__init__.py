@@ -2,99 +2,81 @@
 
 Paper: "Low-rank fine-tuning lies between lazy training and feature learning" (seed 004),
 Prop. 4 (population gradient), §3.1 (overlap dynamics), Theorems 11–13/16 (step sizes).
+
+The names below are imported on first use (PEP 562): ``import hermite.activations`` (or
+``from hermite import get_activation``) loads that module alone, not numba's kernels.
 """
 
-from .coefficients import (
-    derivative_second_moment,
-    gaussian_second_moment,
-    hermite_coefficients,
-    parseval_residual,
-)
-from .corrected_ode import (
-    DriftTable,
-    corrected_mean,
-    corrected_ode,
-    corrected_steps_to_reach,
-    drift_table,
-    noise_floor,
-    stationary_moments,
-)
-from .gradient import H_METHODS, h, h0_sign
-from .kernels import dual_kernel, dual_kernel_derivative, kernel_interpolant
-from .lna import TheoryBand, initial_law, theory_band
-from .loss import population_loss, population_loss_derivative
-from .noise import NoiseMoments, OneStepMoments, noise_moments, one_step_moments
-from .ode import ode_continuous, population_ode, steps_to_reach
-from .rank import (
-    A_matrix,
-    RankConstants,
-    matrix_ode,
-    overlap_drift,
-    population_loss_rank,
-    rank_correlations,
-    signed_smallest,
-    singular_values,
-)
-from .series import HSeries, h_direct, truncation_bound
-from .stepsize import StepSizeReport, max_step_size
-from .table import HTable
-from .theorems import (
-    Schedule,
-    population_lower_bound,
-    theorem11_schedule,
-    theorem12_schedule,
-    theorem13_schedule,
-    theorem16_schedule,
-)
+from __future__ import annotations
 
-__all__ = [
-    "hermite_coefficients",
-    "parseval_residual",
-    "gaussian_second_moment",
-    "derivative_second_moment",
-    "dual_kernel",
-    "dual_kernel_derivative",
-    "kernel_interpolant",
-    "h",
-    "h0_sign",
-    "H_METHODS",
-    "HSeries",
-    "h_direct",
-    "truncation_bound",
-    "HTable",
-    "population_loss",
-    "population_loss_derivative",
-    "population_ode",
-    "ode_continuous",
-    "steps_to_reach",
-    "Schedule",
-    "population_lower_bound",
-    "theorem11_schedule",
-    "theorem12_schedule",
-    "theorem13_schedule",
-    "theorem16_schedule",
-    "noise_moments",
-    "one_step_moments",
-    "NoiseMoments",
-    "OneStepMoments",
-    "drift_table",
-    "DriftTable",
-    "corrected_ode",
-    "corrected_mean",
-    "noise_floor",
-    "stationary_moments",
-    "corrected_steps_to_reach",
-    "theory_band",
-    "TheoryBand",
-    "initial_law",
-    "max_step_size",
-    "StepSizeReport",
-    "A_matrix",
-    "overlap_drift",
-    "population_loss_rank",
-    "matrix_ode",
-    "rank_correlations",
-    "RankConstants",
-    "singular_values",
-    "signed_smallest",
-]
+import importlib
+
+# name → the submodule that defines it
+_WHERE = {
+    "hermite_coefficients": "coefficients",
+    "parseval_residual": "coefficients",
+    "gaussian_second_moment": "coefficients",
+    "derivative_second_moment": "coefficients",
+    "dual_kernel": "kernels",
+    "dual_kernel_derivative": "kernels",
+    "kernel_interpolant": "kernels",
+    "h": "gradient",
+    "h0_sign": "gradient",
+    "H_METHODS": "gradient",
+    "HSeries": "series",
+    "h_direct": "series",
+    "truncation_bound": "series",
+    "HTable": "table",
+    "population_loss": "loss",
+    "population_loss_derivative": "loss",
+    "population_ode": "ode",
+    "ode_continuous": "ode",
+    "steps_to_reach": "ode",
+    "Schedule": "theorems",
+    "population_lower_bound": "theorems",
+    "theorem11_schedule": "theorems",
+    "theorem12_schedule": "theorems",
+    "theorem13_schedule": "theorems",
+    "theorem16_schedule": "theorems",
+    "noise_moments": "noise",
+    "one_step_moments": "noise",
+    "NoiseMoments": "noise",
+    "OneStepMoments": "noise",
+    "drift_table": "corrected_ode",
+    "DriftTable": "corrected_ode",
+    "corrected_ode": "corrected_ode",
+    "corrected_mean": "corrected_ode",
+    "noise_floor": "corrected_ode",
+    "stationary_moments": "corrected_ode",
+    "corrected_steps_to_reach": "corrected_ode",
+    "theory_band": "lna",
+    "TheoryBand": "lna",
+    "initial_law": "lna",
+    "max_step_size": "stepsize",
+    "StepSizeReport": "stepsize",
+    "A_matrix": "rank",
+    "overlap_drift": "rank",
+    "population_loss_rank": "rank",
+    "matrix_ode": "rank",
+    "rank_correlations": "rank",
+    "RankConstants": "rank",
+    "singular_values": "rank",
+    "signed_smallest": "rank",
+}
+
+__all__ = list(_WHERE)
+
+
+
+def __getattr__(name: str):
+    try:
+        module = _WHERE[name]
+    except KeyError:
+        raise AttributeError(f"module 'hermite' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f"hermite.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -310,7 +310,8 @@ def test_rank1_true_loss_is_the_population_loss():
             ref = hermite.population_loss(inst, np.array([traj.overlap[r, j]]),
                                           c_hat=c_hats[r, j])
             assert traj.loss[r, j] == pytest.approx(float(ref[0]), rel=1e-10)
-    assert traj.c_overlap is not None and np.isnan(traj.ode).all()
+    # the rank-1 mean-drift ODE (hermite.linearized) from each run's start
+    assert traj.c_overlap is not None and np.isfinite(traj.ode).all()
 
 
 def test_reduce_rows_preserves_inner_products():

@@ -115,7 +115,7 @@ def test_joint_c_figure_and_stderr_say_why_there_is_no_theory(tmp_path, capsys):
     (FINETUNE | {"instance": INSTANCE | {"convention": "appB"}}, {},
      "App. B convention appB: its rows are not unit vectors"),
     (FINETUNE | {"project": False}, {}, "unprojected learner"),
-    (FINETUNE | {"learner": "linearized"}, {}, "the linearized learner has no population ODE"),
+    (FINETUNE | {"learner": "moment"}, {}, "the moment learner has no population ODE"),
     (FINETUNE, {}, "the file records no finite theory value"),
 ])
 def test_every_missing_theory_has_a_reason(config, extra, expected):

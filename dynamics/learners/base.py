@@ -41,10 +41,11 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, fields
 
-import torch
-
+from ..lazy import lazy_import
 from ..trajectory import RunResult, make_trajectory, mask_dead
 from .options import Options
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["TensorState", "Learner", "Memory", "FAMILIES", "RunResult", "mask_dead",
            "make_trajectory"]

@@ -26,16 +26,18 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-import torch
 
 from .. import sphere
 from ..assembly import rank_one_trajectory
+from ..lazy import lazy_import
 from ..losses import LOSS_EXACT, loss_kind
 from ..observables import reduced_coordinates
 from .base import Learner, Memory, RunResult, TensorState
 from .directions import initial_directions
 from .options import LowRankOptions, low_rank_variant, option
 from .problem import Problem, per_run, rowmat
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["FinetuneState", "Finetune", "FinetuneOptions", "ExampleTerms", "Prepared"]
 

@@ -22,21 +22,21 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-import numba
 import numpy as np
 import scipy.integrate
-import torch
 
 import hermite
-from hermite.table import table_eval
 
 from .. import sphere
+from ..lazy import lazy_import
 from ..losses import LOSS_EXACT
 from ..sampling import uniform_perp_directions
 from .base import Learner, RunResult, TensorState, make_trajectory
 from .directions import overlap_np
 from .options import Options, init_option
 from .problem import Problem
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["GLMState", "GLMPrepared", "GLM", "GLMOptions", "glm_ode", "glm_loss", "glm_drift",
            "ODE_DISCRETE_BUDGET"]
@@ -244,20 +244,6 @@ class KPrimeTable:
         return cls._cache[key]
 
 
-@numba.njit(cache=False)  # not cached: it inlines hermite's table_eval (a stale-cache risk)
-def _iterate_map(m0, eta, tab, n, ckpts):  # pragma: no cover - compiled
-    out = np.empty((m0.size, ckpts.size))
-    for r in range(m0.size):
-        m = m0[r]
-        t = 0
-        for c in range(ckpts.size):
-            while t < ckpts[c]:
-                m = m + eta * table_eval(tab, n, 1.0, m) * (1.0 - m * m)
-                t += 1
-            out[r, c] = m
-    return out
-
-
 def glm_ode(activation, eta: float, m0, steps, method: str = "auto") -> np.ndarray:
     """(R, C) GLM population map m̄_{t+1} = m̄_t + η·2K′(m̄_t)(1 − m̄_t²) at ``steps``.
 
@@ -274,7 +260,9 @@ def glm_ode(activation, eta: float, m0, steps, method: str = "auto") -> np.ndarr
         method = "discrete" if m0.size * int(ckpts[-1]) <= ODE_DISCRETE_BUDGET else "continuous"
     tab = KPrimeTable.get(activation)
     if method == "discrete":
-        return _iterate_map(m0, float(eta), tab.table, tab.n, ckpts)
+        from .glm_map import iterate_map  # numba: compiled on first use
+
+        return iterate_map(m0, float(eta), tab.table, tab.n, ckpts)
     if method != "continuous":
         raise ValueError(f"method must be auto, discrete or continuous, got {method!r}")
     out = np.full((m0.size, ckpts.size), np.nan)

@@ -37,14 +37,15 @@ is trained; ``ode`` NaN (no theory).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-import torch
 
 from ..activations import torch_activation
 from ..errors import ConfigError
+from ..lazy import lazy_import
 from ..network_loss import network_loss
 from ..observables import c_overlap, group_runs
 from ..sampling import run_seed
@@ -52,6 +53,8 @@ from .base import Learner, Memory, RunResult, TensorState, make_trajectory
 from .finetune import Finetune, FinetuneState
 from .options import LowRankOptions, option
 from .problem import Problem, per_run, rowmat
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["Linearized", "LinearizedOptions", "LinearizedFullRank", "FullRankState",
            "LinearPrepared", "LinearTerms", "reduce_rows", "true_loss", "linear_loss"]
@@ -467,7 +470,34 @@ def _theory(result: RunResult, full_rank: bool) -> tuple[dict, dict, dict]:
 
     Full rank: E Δₜ is exact (the sample gradient is affine in Δ), so ``ode_loss_linear`` is
     L at the mean (a lower bound of the mean loss by the SGD noise, ``tr A Cov Δₜ``). Rank 1:
-    the mean-drift ODE of (û, ĉ), first order in η (no retraction lag)."""
+    the mean-drift ODE of (û, ĉ), first order in η (no retraction lag). A mean that diverges
+    with its runs (η beyond its stability) reads NaN."""
+    runs, cps = len(result.instances), result.steps.size
+    curves = tuple(np.full((runs, cps), np.nan) for _ in range(3))  # overlap, L_lin, L_true
+    floors = (np.full(runs, np.nan), np.full(runs, np.nan))  # L_lin*, L_true at Δ*
+    notes: list[str] = []
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for inst, idx in group_runs(result.instances):
+            _theory_group(result, inst, idx, full_rank, curves, floors, notes)
+    for a in (*curves, *floors):
+        a[~np.isfinite(a)] = np.nan
+    order = ("exact mean of SGD (E Δₜ; L at the mean, below the mean loss by the SGD noise)"
+             if full_rank else "mean-drift ODE, first order in η (no retraction lag)")
+    # the floors are constants, stored per checkpoint to be drawn as lines like the ODE
+    extra = {"ode_loss_linear": curves[1], "ode_loss_true": curves[2],
+             "floor_linear": np.repeat(floors[0][:, None], cps, 1),
+             "floor_true": np.repeat(floors[1][:, None], cps, 1)}
+    attrs = {"ode_loss_linear": {"note": order}, "ode_loss_true": {"note": order},
+             "floor_linear": {"note": "min over the learner's Δ of the linear model's "
+                                      "population loss" + ("; " + "; ".join(notes)
+                                                           if notes else "")},
+             "floor_true": {"note": "the true network's loss at the floor's minimiser"}}
+    return {"ode": curves[0]}, extra, attrs
+
+
+def _theory_group(result, inst, idx, full_rank, curves, floors, notes) -> None:
+    """:func:`_theory` for the runs ``idx`` of one instance, into ``curves``/``floors``."""
     from hermite.linearized import (
         linear_model_floor,
         linear_model_ode,
@@ -475,47 +505,27 @@ def _theory(result: RunResult, full_rank: bool) -> tuple[dict, dict, dict]:
         linear_model_rank1_ode,
     )
 
-    cfg, rec, steps = result.config, result.records, result.steps
-    o = cfg.options
-    runs, cps = len(result.instances), steps.size
-    ode = np.full((runs, cps), np.nan)
-    ode_lin, ode_true = np.full((runs, cps), np.nan), np.full((runs, cps), np.nan)
-    floor_lin, floor_true = np.full(runs, np.nan), np.full(runs, np.nan)
-    notes = []
-    for inst, idx in group_runs(result.instances):
-        quad = linear_model_quadratic(inst)
-        if full_rank:
-            mean = linear_model_ode(inst, None, cfg.eta, steps, project=o.project,
-                                    prox=o.prox, quad=quad)
-            ode[idx], ode_lin[idx], ode_true[idx] = mean.overlap, mean.loss_linear, \
-                mean.loss_true
-        else:
-            c0 = rec["c_hat"][idx, 0] if o.joint_c else None
-            mean = linear_model_rank1_ode(inst, rec["coords"][idx, 0], cfg.eta, steps, c0=c0,
-                                          project=o.project, joint_c=o.joint_c,
-                                          eta_c=cfg.step_size_c, prox=o.prox, quad=quad,
-                                          rtol=ODE_RTOL)
-            ode[idx], ode_lin[idx], ode_true[idx] = mean.overlap, mean.loss_linear, \
-                mean.loss_true
-        if not full_rank and o.joint_c and not o.project and inst.k > FLOOR_BFGS_MAX_K:
-            notes.append(f"rank-1 unprojected joint-ĉ floor not computed for k = {inst.k} > "
-                         f"{FLOOR_BFGS_MAX_K} (a BFGS search over the sphere)")
-            continue
-        floor = linear_model_floor(inst, rank="full" if full_rank else 1, project=o.project,
-                                   joint_c=o.joint_c, prox=o.prox, quad=quad)
-        floor_lin[idx], floor_true[idx] = floor.loss_linear, floor.loss_true
-    order = ("exact mean of SGD (E Δₜ; L at the mean, below the mean loss by the SGD noise)"
-             if full_rank else "mean-drift ODE, first order in η (no retraction lag)")
-    # the floors are constants, stored per checkpoint to be drawn as lines like the ODE
-    extra = {"ode_loss_linear": ode_lin, "ode_loss_true": ode_true,
-             "floor_linear": np.repeat(floor_lin[:, None], cps, 1),
-             "floor_true": np.repeat(floor_true[:, None], cps, 1)}
-    attrs = {"ode_loss_linear": {"note": order}, "ode_loss_true": {"note": order},
-             "floor_linear": {"note": "min over the learner's Δ of the linear model's "
-                                      "population loss" + ("; " + "; ".join(notes)
-                                                           if notes else "")},
-             "floor_true": {"note": "the true network's loss at the floor's minimiser"}}
-    return {"ode": ode}, extra, attrs
+    cfg, rec, steps, o = result.config, result.records, result.steps, result.config.options
+    quad = linear_model_quadratic(inst)
+    if full_rank:
+        mean = linear_model_ode(inst, None, cfg.eta, steps, project=o.project, prox=o.prox,
+                                quad=quad)
+    else:
+        c0 = rec["c_hat"][idx, 0] if o.joint_c else None
+        mean = linear_model_rank1_ode(inst, rec["coords"][idx, 0], cfg.eta, steps, c0=c0,
+                                      project=o.project, joint_c=o.joint_c,
+                                      eta_c=cfg.step_size_c, prox=o.prox, quad=quad,
+                                      rtol=ODE_RTOL)
+    for out, value in zip(curves, (mean.overlap, mean.loss_linear, mean.loss_true),
+                          strict=True):
+        out[idx] = value
+    if not full_rank and o.joint_c and not o.project and inst.k > FLOOR_BFGS_MAX_K:
+        notes.append(f"rank-1 unprojected joint-ĉ floor not computed for k = {inst.k} > "
+                     f"{FLOOR_BFGS_MAX_K} (a BFGS search over the sphere)")
+        return
+    floor = linear_model_floor(inst, rank="full" if full_rank else 1, project=o.project,
+                               joint_c=o.joint_c, prox=o.prox, quad=quad)
+    floors[0][idx], floors[1][idx] = floor.loss_linear, floor.loss_true
 
 
 def _trajectory(result: RunResult, overlap, delta, c_ov, seed: int, eval_size: int,

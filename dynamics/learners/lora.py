@@ -36,18 +36,20 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 import hermite
 
 from .. import stiefel
 from ..errors import ConfigError
+from ..lazy import lazy_import
 from ..lora_instance import lora_options, run_lora_instances
 from ..observables import group_runs
 from ..sampling import run_seed, uniform_perp_directions
 from .base import Learner, Memory, RunResult, TensorState, make_trajectory
 from .options import LowRankOptions, low_rank_variant, option
 from .problem import Problem, rowmat
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["LoRA", "LoRAOptions", "LoRAState", "LoRAPrepared", "LoRATerms"]
 

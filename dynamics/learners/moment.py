@@ -27,15 +27,17 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 import hermite
 
 from ..errors import ConfigError
+from ..lazy import lazy_import
 from ..losses import LOSS_EXACT, exact_loss
 from .base import Learner, Memory, RunResult, TensorState, make_trajectory
 from .options import Options, option
 from .problem import Problem, per_run, rowmat
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["MomentState", "Moment", "MomentOptions", "MomentPrepared", "hermite_mu"]
 

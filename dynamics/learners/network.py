@@ -40,10 +40,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from .. import sphere
 from ..errors import ConfigError
+from ..lazy import lazy_import
 from ..losses import LOSS_EXACT
 from ..network_loss import network_loss_from_grams, network_loss_from_overlaps
 from ..sampling import run_seed
@@ -58,6 +58,8 @@ from .given_rows import (
 )
 from .options import Options, eta_c_option, option
 from .problem import Problem, rowmat
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["NetworkState", "NetworkLearner", "Scratch", "ScratchCSQ", "Sparse",
            "ScratchOptions", "ScratchCSQOptions", "SparseOptions", "SPARSE_SELECTIONS", "ROWS",

@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ..activations import TorchActivation, torch_activation
 from ..instance import Instance
+from ..lazy import lazy_import
+
+torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["Problem", "rowmat", "per_run"]
 

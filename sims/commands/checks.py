@@ -21,8 +21,9 @@ import numpy as np
 from dynamics.budget import check_memory
 from sims.io.outputs import Input, Output, check_outputs
 
-__all__ = ["RUN_NAMES", "preflight", "check_instance_seeds", "eta_warning", "health",
-           "health_text", "blowup_lines", "warn", "memory_guard", "check_sweep", "FLAT_TOL"]
+__all__ = ["RUN_NAMES", "preflight", "check_run_outputs", "check_instance_seeds", "eta_warning",
+           "health", "health_text", "blowup_lines", "warn", "memory_guard", "check_sweep",
+           "FLAT_TOL"]
 
 RUN_NAMES = {"runs": "--runs", "checkpoints": "--checkpoints"}
 FLAT_TOL = 1e-12  # a run whose overlap moves less than this over its last half is flat
@@ -71,6 +72,14 @@ def eta_warning(config, option: str = "--eta", instances=None) -> str | None:
     return worst.message(option) if worst is not None and worst.exceeded else None
 
 
+def check_run_outputs(spec, out, plot=None, force: bool = False) -> None:
+    """``loradyn run``'s --out and --plot: writable, not an input, not replacing a file
+    without --force (one-line OutputError); cheap, so checked before any compute."""
+    check_outputs([Output("--out", out, "hdf5"),
+                   Output("--plot", plot, "figure") if plot else None],
+                  [Input("SPEC", spec)], force=force)
+
+
 def preflight(spec, config, *, out, plot=None, force: bool = False,
               names: dict | None = None, instance=None):
     """Every check of ``loradyn run`` before it simulates (module docstring), on the run
@@ -81,9 +90,7 @@ def preflight(spec, config, *, out, plot=None, force: bool = False,
 
     check_instance_seeds(config)
     resolved = resolve_run(config, instance=instance, names=names or RUN_NAMES)
-    check_outputs([Output("--out", out, "hdf5"),
-                   Output("--plot", plot, "figure") if plot else None],
-                  [Input("SPEC", spec)], force=force)
+    check_run_outputs(spec, out, plot, force)
     message = eta_warning(config, instances=resolved.instances)
     if message:
         warn(message)

@@ -39,6 +39,7 @@ from dynamics.learners import get_learner
 from dynamics.learners.registry import default_learner
 from sims.commands.checks import (
     blowup_lines,
+    check_run_outputs,
     health,
     health_text,
     memory_guard,
@@ -113,6 +114,9 @@ def run_config(spec_path, *, eta, steps, spec: dict | None = None, base=None,
     base = build_instance(spec) if base is None else base
     if base.d is None:
         raise ValueError(f"instance spec {spec_path}: key 'd' is required to simulate")
+    # the shared fields first, cheaply: a bad option is refused before any default is computed
+    RunConfig(instance=spec, eta=1.0 if eta is None else eta,
+              steps=1 if steps is None else steps, **options).check_fields()
     notes = []
     if eta is None:
         eta = default_eta(base)
@@ -230,6 +234,7 @@ def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, 
         as_json, force=False, overrides=(), **options):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
     given = parse_overrides(overrides)  # before the file: a bad --set is named first
+    check_run_outputs(spec, out, plot, force)  # before any default is computed
     spec_dict = apply_overrides(load_spec(spec), given)  # read once
     learner = learner or spec_learner(spec_dict)
     try:
