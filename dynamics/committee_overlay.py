@@ -10,12 +10,15 @@ Integrated to α = steps/d at the checkpoints: the expected one-step map where t
 short (≤ :data:`ODE_EVALS` steps), ``solve_ivp`` otherwise. Runs with identical initial
 state (and instance, mask) share one ODE.
 
-Cost: first-order drifts are cheap; the η² terms of activations without closed-form
-second-order integrals (relu, abs: nested 2-D quadrature; sigmoid, tanh…: 4-D quadrature)
-cost 25 ms to seconds per drift evaluation. A deterministic estimate (:func:`drift_seconds`
-× evaluations × ODEs) decides: beyond :data:`SECOND_ORDER_BUDGET_S` seconds, or K + M >
-:data:`SECOND_ORDER_MAX_FIELDS` there, the ODE is integrated to first order in η̄ only, and
-the datasets' ``order`` attribute (and a note on stderr) say so. ``config.finite_d_theory``
+Cost: first-order drifts are cheap (≈ 0.2 ms with closed-form 2-D integrals); the η²
+terms of activations without closed-form second-order integrals cost ≈ 1 ms (relu, k = k′
+= 2; compiled nested quadrature, :mod:`hermite.committee._fast`) to seconds (sigmoid, tanh…
+at K + M ≥ 6: 4-D quadrature) per drift evaluation. A deterministic estimate
+(:func:`drift_seconds` × evaluations × ODEs) decides: beyond :data:`SECOND_ORDER_BUDGET_S`
+seconds, or K + M > :data:`SECOND_ORDER_MAX_FIELDS` there, the ODE is integrated to first
+order in η̄ only, and says so: the datasets' ``order`` (1), ``order_reason`` and ``note``
+attributes (the note quantifies the dropped η² terms at the first start: their share of
+the drift and η·d) and a note on stderr. ``config.finite_d_theory``
 (``--no-finite-d-theory``) switches the whole overlay off, as it does finetune's finite-d
 theory.
 """
@@ -23,6 +26,7 @@ theory.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 
@@ -31,12 +35,13 @@ from hermite.committee import (
     CommitteeModel,
     CommitteeState,
     committee_alignment,
+    committee_drift,
     committee_ode,
 )
 
 __all__ = ["ODE_EVALS", "SECOND_ORDER_BUDGET_S", "SECOND_ORDER_MAX_FIELDS",
            "committee_applies", "committee_model", "committee_state", "drift_seconds",
-           "rounding_repaired",
+           "rounding_repaired", "second_order_share", "first_order_note",
            "plan_order", "integrate", "committee_records"]
 
 ODE_EVALS = 400  # drift evaluations of one solve_ivp run (DOP853, rtol 1e-6), measured
@@ -84,14 +89,29 @@ def committee_state(cross, gram, lam_hat, rows: str = "unit") -> CommitteeState:
 
 
 def drift_seconds(activation, K: int, M: int, second_order: bool) -> float:
-    """Deterministic estimate of one drift evaluation's cost (seconds, one core), from
-    measurements: closed forms ≈ 0.5 ms; relu/abs η² terms 25 ms at K = M = 2, growing as
-    pairs·(K+M)⁴; quadrature families 4× that."""
+    """Deterministic estimate of one drift evaluation's cost (seconds, one core of the
+    2-core test machine, docs/theory/committee.md "Cost"), fitted to measurements with
+    P = K + M fields and K(K + 1)/2 student pairs: first order 0.2 ms (closed-form 2-D
+    integrals) or 2.5 ms·P (2-D quadrature); η² terms, per pair, 0.3 ms·(P/4)^4.5 for relu
+    and 0.7 ms·(P/4)^4.5 for abs (compiled nested quadrature), 9 ms·16^(P−4) for a smooth
+    activation without closed forms where the direct P-dimensional quadrature is used
+    (P ≤ 4), 2.5 ms per 4-D I4 otherwise, 33 ms·(P/4)^4 for a kinked one."""
     integ = CommitteeIntegrals(activation)
-    if not second_order or integ.closed("i4"):
-        return 5e-4 if integ.family != "quadrature" else 1e-2 * (K + M) / 4
-    base = 0.025 if integ.family in ("relu", "abs") else 0.1
-    return base * (K * (K + 1) / 6) * ((K + M) / 4) ** 4
+    P, pairs = K + M, K * (K + 1) / 2
+    first = 2e-4 if integ.family != "quadrature" else 2.5e-3 * P
+    if not second_order:
+        return first
+    if integ.closed("i4"):
+        return first + 3e-4
+    if integ.family == "relu":
+        return first + pairs * 3e-4 * (P / 4) ** 4.5
+    if integ.family == "abs":
+        return first + pairs * 7e-4 * (P / 4) ** 4.5
+    if integ._direct_e2(P, P):
+        return first + pairs * 9e-3 * 16.0 ** (P - 4)
+    if not integ.activation.breakpoints:
+        return first + pairs * 2.5e-3 * P * (P + 1) / 2
+    return first + 0.1 * (pairs / 3) * (P / 4) ** 4
 
 
 def plan_order(activation, K: int, M: int, n_odes: int, evals: int) -> tuple[int, str]:
@@ -106,6 +126,31 @@ def plan_order(activation, K: int, M: int, n_odes: int, evals: int) -> tuple[int
         return 1, (f"the η² terms would take ≈ {est:.0f} s ({n_odes} ODE(s) × {evals} "
                    f"evaluations) > {SECOND_ORDER_BUDGET_S:g} s")
     return 2, f"η² terms ≈ {est:.1f} s"
+
+
+def second_order_share(model: CommitteeModel, state: CommitteeState) -> float:
+    """‖η² part‖/‖first-order part‖ of d(Q, R)/dα at ``state``: how much a first-order ODE
+    drops there (η̄ S/D in the notation of docs/theory/committee.md)."""
+    full = committee_drift(model, state)
+    first = committee_drift(replace(model, second_order=False), state)
+    a = np.concatenate([first.Q.ravel(), first.R.ravel()])
+    b = np.concatenate([full.Q.ravel(), full.R.ravel()]) - a
+    return float(np.linalg.norm(b) / max(np.linalg.norm(a), 1e-300))
+
+
+def first_order_note(start, reason: str, K: int, M: int, eta_d: float) -> str:
+    """The ``note`` of a first-order ODE: η·d, the share of the drift it drops at the start
+    ``start`` = (second-order model, state) (one second-order drift evaluation, skipped
+    where that costs more than a second, or ``start`` is None) and why the η² terms were
+    dropped."""
+    text = f"committee ODE to first order in η·d only (η·d = {eta_d:.3g}"
+    if start is not None and drift_seconds(start[0].activation, K, M, True) <= 1.0:
+        try:
+            share = second_order_share(*start)
+            text += f"; the dropped η² terms are {100 * share:.0f} % of the drift at the start"
+        except (ValueError, RuntimeError):
+            pass
+    return text + f"): {reason}; reliable only where η·d ≪ 1"
 
 
 def integrate(model: CommitteeModel, state: CommitteeState, steps, d: int, *,
@@ -180,22 +225,34 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
         order, reason = plan_order(instances[0].activation, K, M, len(groups), evals)
     else:
         order, reason = (2 if second_order else 1), "requested"
-    if order == 1 and second_order is None and not quiet:
-        _note(f"committee ODE to first order in η·d only ({reason}); "
-              "--no-finite-d-theory skips it")
     eta_c = config.step_size_c if train_second_layer else None
+
+    def start(r, second: bool):
+        inst = instances[r]
+        model = committee_model(inst, loss=loss, eta=config.eta, eta_c=eta_c,
+                                label_noise=config.label_noise, batch=config.batch,
+                                trainable=masks[r], second_order=second, rows=rows)
+        state = committee_state(cross0[r], gram0[r], lam0[r], rows)
+        if config.dtype == "float32":  # overlaps rounded to ~1e-7
+            state = rounding_repaired(state, model.T, rows)
+        return model, state
+
+    note = None
+    if order == 1:  # say what the first-order curve leaves out (module docstring)
+        try:
+            first = start(next(iter(groups.values()))[0], True)
+        except (ValueError, RuntimeError):
+            first = None
+        note = first_order_note(first, reason, K, M, config.eta * instances[0].d)
+        if second_order is None and not quiet:
+            _note(f"{note}; --no-finite-d-theory skips it")
     out_loss, out_align = np.full((runs, cps), np.nan), np.full((runs, cps), np.nan)
     failed, integrator = [], "map" if span <= ODE_EVALS else "solve_ivp"
     for idx in groups.values():
-        r, inst = idx[0], instances[idx[0]]
         try:
-            model = committee_model(inst, loss=loss, eta=config.eta, eta_c=eta_c,
-                                    label_noise=config.label_noise, batch=config.batch,
-                                    trainable=masks[r], second_order=order == 2, rows=rows)
-            state = committee_state(cross0[r], gram0[r], lam0[r], rows)
-            if config.dtype == "float32":  # overlaps rounded to ~1e-7
-                state = rounding_repaired(state, model.T, rows)
-            lo, al, integrator = integrate(model, state, steps, inst.d, diagonal=diagonal)
+            model, state = start(idx[0], order == 2)
+            lo, al, integrator = integrate(model, state, steps, instances[idx[0]].d,
+                                           diagonal=diagonal)
         except (ValueError, RuntimeError) as exc:
             failed.append(f"runs {idx[0]}…{idx[-1]}: {exc}")
             continue
@@ -208,5 +265,7 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
              "rows": rows,
              "description": f"committee-machine order-parameter ODE (hermite.committee, {rows} "
                             "rows) from the run's initial overlaps"}
+    if note is not None:
+        attrs["note"] = note
     return ({"ode_loss": out_loss, "ode_alignment": out_align},
             {"ode_loss": attrs, "ode_alignment": attrs})

@@ -17,7 +17,10 @@ f_j(m_j + s_j z_j), m_j = Σ_{i<j} L_ji z_i, s_j = L_jj:
 * the last coordinate may carry a closed-form smoothing S(m, s) = E[f(m + s z)] (ReLU, step,
   abs, sign, erf, linear), and an ``inner`` callback may replace the last levels by a closed
   form of the conditional law (:func:`pair_inner`: E[f(c) f(d) | outer]; :func:`e2_inner`:
-  E[(Σ c_i f(x_i))² | outer] from the ReLU/abs pair moments :func:`pair_relu`, Owen's T).
+  E[(Σ c_i f(x_i))² | outer] from the ReLU/abs pair moments :func:`pair_relu`, Owen's T;
+  the same rule compiled: :mod:`hermite.committee._fast`);
+* :func:`nested_e2_smooth`: E[Π outer factors · (Σ c_i f(x_i))²] for smooth f, tensor
+  Gauss–Hermite over every field, the sum carried level by level.
 
 Cost: the product of the levels' node counts per covariance matrix (vectorised over a batch,
 chunked to bound memory). Errors: docs/theory/committee.md.

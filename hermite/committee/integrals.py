@@ -25,11 +25,14 @@ Closed forms (``family``):
 * ``relu``, ``abs`` (homogeneous of degree 1, so P2 = I2): with ρ the correlation,
   I2 = √(C_aa C_cc) K(ρ), J2 = K′(ρ) (arc-cosine / arcsine kernels); I4 and the
   second-order E[g′g′e²] (:meth:`CommitteeIntegrals.gprime_e2`) by a 2-D nested quadrature
-  with the inner pair E[g(c)g(d) | a, b] in closed form (Owen's T).
+  with the inner pair E[g(c)g(d) | a, b] in closed form (Owen's T); E[g′g′e²] compiled
+  (:mod:`hermite.committee._fast`: the same rule, ≈ 50× faster).
 * ``polynomial`` (``quadratic``, ``he<p>``…): Gauss–Hermite with 2p + 1 nodes per level,
   exact up to rounding for every integral.
 * ``quadrature`` (sigmoid, tanh, user callables): nested conditional quadrature
-  (:mod:`hermite.committee._nested`).
+  (:mod:`hermite.committee._nested`); for smooth g and K + M ≤ 4, E[g′g′e²] as one
+  (K + M)-dimensional quadrature per pair instead of a sum of I4's (as for polynomials up
+  to K + M = 5: :data:`DIRECT_MARGIN`).
 """
 
 from __future__ import annotations
@@ -232,7 +235,12 @@ class CommitteeIntegrals:
 
         Saad–Solla's second-order term. ``relu``/``abs`` (method auto/closed): one nested
         quadrature over (x_k, x_l) per pair, with E[e² | x_k, x_l] in closed form (pair moments
-        of the conditional Gaussian law) inside it; otherwise Σ_cd coef_c coef_d I4(k, l, c, d).
+        of the conditional Gaussian law) inside it, compiled (:mod:`._fast`); smooth
+        activations of the quadrature and polynomial families, where it has fewer nodes than
+        the I4 sum: one nested quadrature over all fields of e per pair
+        (:func:`._nested.nested_e2_smooth`); otherwise Σ_cd coef_c coef_d I4(k, l, c, d).
+        ``reference``: the previous, slower path (numpy nested quadrature for relu/abs, the
+        I4 sum otherwise), kept for the tests.
         """
         C = np.asarray(C, dtype=np.float64)
         coef = np.asarray(coef, dtype=np.float64)
