@@ -67,6 +67,11 @@ def test_plot_draws_the_linear_theory(tmp_path):
 
     config, traj = _run(full_rank=True)
     path = write_trajectory(tmp_path / "lin.h5", traj, config)
+    from sims.io.trajectory import read_trajectory
+
+    back, _ = read_trajectory(path)  # the notes come back with the datasets
+    assert back.extra_attrs["ode_loss_linear"]["note"] == traj.extra_attrs[
+        "ode_loss_linear"]["note"]
     fig = plot_curves(load_curves([path]), "loss_linear")
     labels = [t.get_text() for ax in fig.axes if ax.get_legend()
               for t in ax.get_legend().get_texts()]

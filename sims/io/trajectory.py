@@ -330,6 +330,7 @@ def read_trajectory(path) -> tuple[Trajectory, dict]:
         arrays = {n: read_dataset(path, f, n) for n in DATASETS if n in f}
         extra = ({n: read_dataset(path, f["extra"], n) for n in f["extra"]}
                  if "extra" in f else {})
+        extra_attrs = {n: a for n in extra if (a := plain_attrs(f["extra"][n]))}
     meta["datasets"] = {n: list(a.shape) for n, a in arrays.items()}
     traj = Trajectory(
         steps=arrays["steps"], overlap=arrays["overlap"], loss=arrays["loss"],
@@ -339,5 +340,6 @@ def read_trajectory(path) -> tuple[Trajectory, dict]:
         device=meta.get("device", "cpu"), engine=meta.get("engine", "full"), extra=extra,
         m0=arrays.get("m0"), ode_corrected=arrays.get("ode_corrected"),
         band_lower=arrays.get("band_lower"), band_upper=arrays.get("band_upper"),
+        extra_attrs=extra_attrs,
     )
     return traj, meta
