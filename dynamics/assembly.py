@@ -3,8 +3,8 @@
 Both the full engine (``Finetune.trajectory``) and the reduced rank-1 chain
 (``dynamics.reduced.simulate``) hand their checkpoint records to :func:`rank_one_trajectory`,
 so the two report the same observables: loss (:mod:`dynamics.losses`), theory curves
-(:mod:`dynamics.theory_overlay`) and, with ``config.options.refit``, the refit losses
-(:mod:`dynamics.refit`, App. F.2).
+(:mod:`dynamics.theory_overlay`, from each run's start: its records at step 0) and, with
+``config.options.refit``, the refit losses (:mod:`dynamics.refit`, App. F.2).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def rank_one_trajectory(result: RunResult) -> Trajectory:
     or None); ``coords`` (R, C, k+2) of û in span(W) ⊕ e ⊕ rest, needed for the Monte Carlo
     loss and for ``config.options.refit``. Records from the step a run diverged on are NaN; the loss
     follows :func:`~dynamics.losses.exact_loss` / :func:`~dynamics.losses.monte_carlo_loss`,
-    the theory curves :func:`~dynamics.theory_overlay.theory_records` (not masked); with
+    the theory curves :func:`~dynamics.theory_overlay.theory_records` from the records at
+    step 0 (not masked; with joint ĉ also ``extra/ode_c_overlap``); with
     ``config.options.refit``, ``extra`` holds :func:`~dynamics.refit.refit_records`.
     """
     config, instances, rec = result.config, result.instances, result.records
@@ -45,5 +46,22 @@ def rank_one_trajectory(result: RunResult) -> Trajectory:
         ch = c_hats if c_hats is not None else np.stack([i.c_hat for i in instances])
         loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
     extra = refit_records(config, instances, coords, result.dead) if config.options.refit else {}
+    theory = theory_records(config, instances, result.m0, result.steps, _start(rec, result))
+    extra |= theory.pop("extra", {})
+    attrs = theory.pop("extra_attrs", {})
     return make_trajectory(result, overlap, loss, loss_kind=kind, c_overlap=c_ov, extra=extra,
-                           theory=theory_records(config, instances, result.m0, result.steps))
+                           theory=theory, extra_attrs=attrs)
+
+
+def _start(rec: dict, result: RunResult) -> dict:
+    """The runs' records at step 0 (the first checkpoint, which every engine records before
+    its first step): û's reduced coordinates and ĉ where they are kept, else None (the
+    theory then takes p₀ = 0, μ₀ = m₀/u_perp and the instances' ĉ: the learner's start)."""
+    if result.steps.size == 0 or result.steps[0] != 0:
+        return {}
+    out = {}
+    for name in ("coords", "c_hat"):
+        arr = rec.get(name)
+        if arr is not None and np.ndim(arr) >= 2 and np.shape(arr)[1] > 0:
+            out[name] = np.asarray(arr)[:, 0]
+    return out

@@ -1,10 +1,22 @@
-"""Theory curves recorded beside a rank-1 run, from each run's own m₀.
+"""Theory curves recorded beside a rank-1 run, from each run's own start.
 
-- the population ODE m̄_{t+1} = m̄_t + η h(m̄_t)(u_perp² − m̄_t²) (Prop. 4), exact for the
-  projected learner with ĉ frozen and unit rows; NaN elsewhere;
-- where :func:`finite_d_applies`, the noise-corrected map (``hermite.corrected_ode``) and the
-  10–90% linear-noise band (``hermite.theory_band``);
+- the population ODE of ⟨û, u⟩ (the Trajectory's ``ode``) in every regime of the
+  ``finetune`` learner:
+
+  * projected, ĉ frozen, unit rows (:func:`theory_applies`): Prop. 4's map
+    m̄_{t+1} = m̄_t + η h(m̄_t)(u_perp² − m̄_t²) on the exact h table (``hermite.population_ode``),
+    and, where :func:`finite_d_applies`, the noise-corrected map (``hermite.corrected_ode``) and
+    the 10–90% linear-noise band (``hermite.theory_band``);
+  * everywhere else (joint ĉ, unprojected û, the App. B conventions, any u_alpha): the plain
+    O(η) population ODE of fine-tuning (``hermite.finetune_ode``: minus the Riemannian gradient
+    of the exact population loss L(û, ĉ)) from each run's start (p₀, μ₀, ĉ₀), with, when ĉ
+    is joint, its ⟨ĉ, c⟩/(‖ĉ‖‖c‖) as ``extra/ode_c_overlap`` (attribute ``note``: which ODE);
 - :func:`initial_drift_sign`, sign h(0), which fixes the aligned start of Thm 5.
+
+The start: ``m₀`` of every run, and, from the rank-1 assembly, the first checkpoint's
+records (step 0): û's reduced coordinates (p₀, μ₀) where they are kept (always when û is
+unprojected or the rows are not unit) and ĉ₀ when ĉ is trained; otherwise p₀ = 0 (a projected
+û ⊥ span W), μ₀ = m₀/u_perp and ĉ₀ = the instance's ĉ, which is the learner's initial state.
 """
 
 from __future__ import annotations
@@ -22,6 +34,8 @@ __all__ = [
     "record_theory",
     "finite_d_applies",
     "theory_records",
+    "finetune_theory",
+    "finetune_start",
     "initial_drift_sign",
 ]
 
@@ -57,14 +71,19 @@ def finite_d_applies(config, d: int | None = None) -> bool:
 
 
 def theory_records(config, instances: list[Instance], m0: np.ndarray,
-                   steps: np.ndarray) -> dict:
+                   steps: np.ndarray, start: dict | None = None) -> dict:
     """Every theory curve of a trajectory, as Trajectory keyword arguments.
 
-    ``ode`` (plain population ODE, :func:`record_theory`) always; where
+    ``ode`` always: where :func:`theory_applies`, the h-table map (:func:`record_theory`);
+    elsewhere the population ODE of fine-tuning (:func:`finetune_theory`, which adds
+    ``extra``/``extra_attrs`` keys: pop them before building the Trajectory). Where
     :func:`finite_d_applies`, also ``ode_corrected`` (``hermite.corrected_ode`` at the run's
     d, η and label noise, from each run's m₀) and the 10–90% ``band_lower``/``band_upper`` of
-    ``hermite.theory_band`` (mixture over the group's m₀).
+    ``hermite.theory_band`` (mixture over the group's m₀). ``start``: the runs' records at
+    step 0 (``coords``, ``c_hat``; module docstring).
     """
+    if not theory_applies(config):
+        return finetune_theory(config, instances, m0, steps, start)
     out = {"ode": record_theory(config, instances, m0, steps)}
     if not finite_d_applies(config, instances[0].d):
         return out
@@ -80,6 +99,53 @@ def theory_records(config, instances: list[Instance], m0: np.ndarray,
                                    label_noise=config.label_noise)
         lo[idx], hi[idx] = band.lower, band.upper
     out.update(ode_corrected=corr, band_lower=lo, band_upper=hi)
+    return out
+
+
+def finetune_start(config, instances: list[Instance], m0: np.ndarray,
+                   start: dict | None = None):
+    """(p₀ (R, k), μ₀ (R,), ĉ₀ (R, k)) of every run (module docstring)."""
+    start = start or {}
+    coords, c_hat = start.get("coords"), start.get("c_hat")
+    m0 = np.asarray(m0, dtype=float)
+    k = instances[0].k
+    if coords is not None:
+        coords = np.asarray(coords, dtype=float)
+        p0, mu0 = coords[:, :k].copy(), coords[:, k].copy()
+    else:
+        u_perp = np.array([i.u_perp for i in instances])
+        p0, mu0 = np.zeros((len(instances), k)), np.clip(m0 / u_perp, -1.0, 1.0)
+    if config.options.project:
+        p0[:] = 0.0  # û ⊥ span W (its recorded span-W part is round-off)
+    if config.options.joint_c and c_hat is not None:
+        c0 = np.asarray(c_hat, dtype=float).copy()
+    else:
+        c0 = np.stack([i.c_hat for i in instances])
+    return p0, mu0, c0
+
+
+def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np.ndarray,
+                    start: dict | None = None) -> dict:
+    """The population ODE of fine-tuning (``hermite.finetune_ode``) from each run's start:
+    ``ode`` (⟨û, u⟩), and with joint ĉ ``extra`` = {``ode_c_overlap``} and its
+    ``extra_attrs`` note. The plain O(η) drift: the finite-d corrected ODE of these regimes
+    (``hermite.finetune_ode(corrected=True)``, ``loradyn hermite ode --corrected``) costs a
+    Gaussian average per step and run, and is not recorded."""
+    o = config.options
+    steps = np.asarray(steps)
+    shape = (len(instances), len(steps))
+    ode, c_ode = np.full(shape, np.nan), np.full(shape, np.nan)
+    p0, mu0, c0 = finetune_start(config, instances, m0, start)
+    for inst, idx in group_runs(instances):
+        sol = hermite.finetune_ode(inst, config.eta, steps, mu0=mu0[idx], p0=p0[idx],
+                                   c_hat0=c0[idx], project=o.project, joint_c=o.joint_c,
+                                   eta_c=config.step_size_c, prox=o.prox)
+        ode[idx], c_ode[idx] = sol.m, sol.c_overlap
+    out = {"ode": ode}
+    if o.joint_c:
+        note = hermite.finetune_ode_kind(False) + "; ⟨û, u⟩ of the same ODE is `ode`"
+        out["extra"] = {"ode_c_overlap": c_ode}
+        out["extra_attrs"] = {"ode_c_overlap": {"note": note, "ode": "plain"}}
     return out
 
 

@@ -10,6 +10,8 @@ The names below are imported on first use (PEP 562): ``import hermite.activation
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 # name → the submodule that defines it
 _WHERE = {
@@ -32,6 +34,12 @@ _WHERE = {
     "population_ode": "ode",
     "ode_continuous": "ode",
     "steps_to_reach": "ode",
+    "finetune_ode": "finetune_population",
+    "finetune_steps_to_reach": "finetune_population",
+    "finetune_ode_kind": "finetune_population",
+    "FinetuneModel": "finetune_population",
+    "FinetuneODE": "finetune_population",
+    "PairKernel": "finetune_population",
     "Schedule": "theorems",
     "population_lower_bound": "theorems",
     "theorem11_schedule": "theorems",
@@ -66,6 +74,21 @@ _WHERE = {
 
 __all__ = list(_WHERE)
 
+
+
+class _Package(types.ModuleType):
+    """A function named like its own submodule (``corrected_ode``) stays the function after
+    the submodule is imported (the import system then sets the package attribute to the
+    module, which an eager ``from .x import x`` used to overwrite)."""
+
+    def __getattribute__(self, name: str):
+        value = super().__getattribute__(name)
+        if isinstance(value, types.ModuleType) and _WHERE.get(name) == name:
+            return getattr(value, name)
+        return value
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):

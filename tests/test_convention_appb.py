@@ -100,7 +100,8 @@ def test_run_uses_monte_carlo_and_no_theory():
                     checkpoints=5, eval_size=2000, joint_c=True, project=False)
     traj = simulate(cfg)
     assert traj.loss_kind == "monte_carlo"
-    assert np.isnan(traj.ode).all() and traj.ode_corrected is None
+    # the plain O(η) ODE of fine-tuning covers App. B's rows; no finite-d correction there
+    assert np.isfinite(traj.ode).all() and traj.ode_corrected is None
     assert np.isfinite(traj.loss).all() and np.isfinite(traj.overlap).all()
     # reduced engine refuses with a reason; auto falls back to the full engine
     with pytest.raises(ValueError, match="App. B"):

@@ -47,7 +47,7 @@ def test_one_median_line_band_and_ode_per_cell(files):
     assert lines_with_labels(ax) == ["ξ = 0.5, frozen ĉ", "ξ = 0.5, joint ĉ", "ξ = 1, frozen ĉ",
                                      "ξ = 1, joint ĉ"]
     dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
-    assert len(dashed) == 2  # the ODE exists for projected, frozen ĉ only
+    assert len(dashed) == 4  # the ODE of every cell (joint ĉ: hermite.finetune_population)
     dashdot = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-."]
     assert len(dashdot) == 2  # so does the noise-corrected ODE
     hatched = [c for c in ax.collections if c.get_hatch()]

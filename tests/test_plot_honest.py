@@ -137,15 +137,17 @@ def test_a_reason_the_file_records_is_used_as_is():
     assert "--no-finite-d-theory" in no_theory_reason(off, "alignment")
 
 
-def test_cli_joint_c_run_and_plot_name_the_missing_theory(runner):
-    fast = ["--eta", "0.002", "--steps", "200", "--runs", "4", "--checkpoints", "8"]
-    res = runner.invoke(cli, ["run", "spec.toml", *fast, "--joint-c", "--out", "j.h5",
-                              "--plot", "j.png"])
+def test_cli_run_and_plot_name_the_missing_theory(runner):
+    """A learner without a population ODE (moment: an estimator) says so, from run --plot
+    and from loradyn plot of its file (joint ĉ has its ODE now: hermite.finetune_population)."""
+    fast = ["--steps", "200", "--runs", "4", "--checkpoints", "8"]
+    res = runner.invoke(cli, ["run", "spec.toml", *fast, "--learner", "moment", "--out",
+                              "j.h5", "--plot", "j.png"])
     assert res.exit_code == 0, res.output
-    assert "note: no theory line: ĉ is trained jointly (joint ĉ)" in res.output
+    assert "note: no theory line: the moment learner has no population ODE" in res.output
     res = runner.invoke(cli, ["plot", "j.h5", "--out", "p.png"])
     assert res.exit_code == 0, res.output
-    assert "note: no theory line: ĉ is trained jointly (joint ĉ)" in res.output
+    assert "note: no theory line: the moment learner has no population ODE" in res.output
 
 
 # ---------------------------------------------------------------- 3. α = steps/d

@@ -176,14 +176,31 @@ def _fmt(v, spec):
 @click.option("--target-eps", type=float, default=None,
               help="Also the largest eta whose predicted floor gives <u_hat,u>^2 >= 1 - eps, "
                    "beside the Theorem 11-13 step size (needs d).")
+@option_flags("joint_c", "project", "eta_c", "prox")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, as_json):
-    """Population-ODE overlap curve m_t and the steps to reach |m| = 0.5 and 0.9."""
+def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, joint_c, project,
+            eta_c, prox, as_json):
+    """Population-ODE overlap curve m_t and the steps to reach |m| = 0.5 and 0.9.
+
+    Projected, frozen ĉ, unit rows: Prop. 4's map on the exact h table (with --corrected its
+    noise-corrected map, floor and band). Joint ĉ (--joint-c, --eta-c, --prox), unprojected û
+    (--no-project) or an App. B convention: the population ODE of fine-tuning
+    (hermite.finetune_ode), ⟨ĉ, c⟩ beside ⟨û, u⟩, with --corrected its O(η²d) renormalisation
+    drift; u_alpha and the convention come from SPEC."""
     import hermite as th
 
     if not math.isfinite(eta) or eta <= 0:
         raise click.BadParameter(f"must be > 0, got {eta:g}", param_hint="'--eta'")
+    if eta_c is not None and (not math.isfinite(eta_c) or eta_c <= 0):
+        raise click.BadParameter(f"must be > 0, got {eta_c:g}", param_hint="'--eta-c'")
+    if not math.isfinite(prox) or prox < 0:
+        raise click.BadParameter(f"must be ≥ 0, got {prox:g}", param_hint="'--prox'")
     inst = _load(spec)
+    if joint_c or not project or not inst.unit_rows:
+        return _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected,
+                                 target_eps, joint_c, project, eta_c, prox, as_json)
+    if eta_c is not None or prox:
+        raise ValueError("--eta-c and --prox act on ĉ: they need --joint-c")
     sign = th.h0_sign(inst) or 1
     if m0_values:
         m0 = np.asarray(m0_values, dtype=float)
@@ -263,6 +280,78 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, as_
                        f"eta_max = {r['eta_max']:.4g} (eta*d = {r['eta_max'] * r['d']:.3g}); "
                        f"Theorem {r['theorem']}: eta = {r['eta_theorem']:.4g} "
                        f"(ratio {r['ratio']:.3g})")
+
+    _emit(payload, as_json, human)
+
+
+def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, target_eps,
+                      joint_c, project, eta_c, prox, as_json):
+    """``loradyn hermite ode`` beyond the projected/frozen/unit case: the population ODE of
+    fine-tuning (hermite.finetune_ode) from p = 0 and the given m₀, ĉ₀ = the spec's ĉ."""
+    if target_eps is not None:
+        raise ValueError("--target-eps is derived for the projected learner with frozen ĉ and "
+                         "unit rows only (not with --joint-c, --no-project or an App. B "
+                         "convention)")
+    if (eta_c is not None or prox) and not joint_c:
+        raise ValueError("--eta-c and --prox act on ĉ: they need --joint-c")
+    if corrected and inst.d is None:
+        raise ValueError("--corrected needs key 'd' in the instance spec")
+    model = th.FinetuneModel(inst, eta, project=project, joint_c=joint_c, eta_c=eta_c,
+                             prox=prox)
+    if m0_values:
+        m0 = np.asarray(m0_values, dtype=float)
+    else:  # the side the flow leaves m = 0 to
+        _, b, _ = model.gradient(None, np.zeros(1), inst.c_hat[None, :])
+        sign = int(np.sign(-b[0])) or 1
+        m0 = np.array([sign / math.sqrt(inst.d) if inst.d else 0.01 * sign])
+    for v in m0:
+        if not abs(v) <= inst.u_perp:
+            raise ValueError(f"m0 must lie in [-u_perp, u_perp] = [{-inst.u_perp:.6g}, "
+                             f"{inst.u_perp:.6g}] (a start with û ⊥ span W), got {v:g}")
+    ck = _checkpoints(steps, checkpoints)
+    sol = th.finetune_ode(inst, eta, ck, m0=m0, model=model)
+    reach = {f"{lv:g}": [_finite_or_none(v) for v in th.finetune_steps_to_reach(
+        inst, eta, lv, m0=m0, model=model)] for lv in LEVELS}
+    variant = ("projected" if project else "unprojected") + (", joint ĉ" if joint_c
+                                                              else ", frozen ĉ")
+    payload = {"eta": eta, "eta_c": model.eta_c if joint_c else None, "prox": prox,
+               "variant": variant, "convention": inst.convention, "u_alpha": inst.u_alpha,
+               "u_perp": inst.u_perp, "ode": sol.kind, "steps": ck.tolist(),
+               "m0": m0.tolist(), "m": _clean(sol.m), "c_overlap": _clean(sol.c_overlap),
+               "steps_to_reach": reach}
+    if corrected:
+        cor = th.finetune_ode(inst, eta, ck, m0=m0, model=model, corrected=True, d=inst.d)
+        payload["corrected"] = {
+            "d": inst.d, "ode": cor.kind, "m": _clean(cor.m), "c_overlap": _clean(cor.c_overlap),
+            "steps_to_reach": {f"{lv:g}": [_finite_or_none(v) for v in th.finetune_steps_to_reach(
+                inst, eta, lv, m0=m0, model=model, corrected=True, d=inst.d,
+                max_steps=max(steps, 1))] for lv in LEVELS}}
+
+    def human(p):
+        click.echo(f"population ODE of fine-tuning ({p['variant']}, convention "
+                   f"{p['convention']}, u_alpha = {p['u_alpha']:g}), eta = {p['eta']:g}"
+                   + (f", eta_c = {p['eta_c']:g}" if p["eta_c"] is not None else "")
+                   + ": the O(eta) drift, minus the Riemannian gradient of the exact loss")
+        cols = [("m", "m0="), ("c_overlap", "c_ov,m0=")] if joint_c else [("m", "m0=")]
+        header = "".join(f"  {lab + format(v, '+.3g'):<14}" for key, lab in cols
+                         for v in p["m0"])
+        click.echo(f"{'step':>10}{header}")
+        for i, t in enumerate(p["steps"]):
+            click.echo(f"{t:>10d}" + "".join(f"  {_fmt(row[i], '<+14.8f'):<14}"
+                                              for key, _ in cols for row in p[key]))
+        for key, vals in p["steps_to_reach"].items():
+            click.echo(f"steps to reach |m| = {key}: " + ", ".join(
+                "never" if v is None else f"{v:.6g}" for v in vals))
+        if "corrected" in p:
+            c = p["corrected"]
+            click.echo(f"finite-d corrected ODE at d = {c['d']} (O(eta^2 d) renormalisation "
+                       "drift):")
+            for i, t in enumerate(p["steps"]):
+                click.echo(f"{t:>10d}  corrected m {_fmt(c['m'][0][i], '<+12.8f')}" + (
+                    f"  c_overlap {_fmt(c['c_overlap'][0][i], '<+12.8f')}" if joint_c else ""))
+            for key, vals in c["steps_to_reach"].items():
+                click.echo(f"corrected steps to reach |m| = {key}: " + ", ".join(
+                    "not within horizon" if v is None else f"{v:.6g}" for v in vals))
 
     _emit(payload, as_json, human)
 

@@ -1,0 +1,713 @@
+r"""The population ODE of fine-tuning in every regime: joint ĉ, unprojected û, u_alpha > 0,
+the App. B conventions (issue 25).
+
+Model (docs/model.md): rows of the teacher rᵢ = wᵢ + ξcᵢu and of the student r̂ⱼ = wⱼ + ξĉⱼû,
+û on the unit sphere; ``unit`` rows use rᵢ/‖rᵢ‖, the App. B conventions s·rᵢ with the fixed
+factor s and the output scaled by 1/ξ. The population loss L(û, ĉ) = E(f* − f̂)² is
+
+    L = o² [ Σᵢᵢ′ λᵢλᵢ′ κ(Tᵢᵢ, Tᵢ′ᵢ′, Tᵢᵢ′) + Σⱼⱼ′ λⱼλⱼ′ κ(Qⱼ, Qⱼ′, Sⱼⱼ′)
+             − 2 Σᵢⱼ λᵢλⱼ κ(Tᵢᵢ, Qⱼ, Cᵢⱼ) ],
+
+with o = 1 (unit) or 1/ξ (App. B), κ(q, q′, c) = E σ(a)σ(b) for the pre-activations of two
+rows with raw Gram entries (q, q′, c) (unit: κ = K(c/√(qq′)), the dual kernel of
+:mod:`hermite.kernels`; App. B: E σ(a)σ(b) of a centred pair with covariance
+s²[[q, c], [c, q′]], :class:`PairKernel`), and the raw Gram entries, in the canonical frame
+(û = (p, μ e, ν ê), ω = Lp = (⟨wⱼ, û⟩)ⱼ, m = ⟨û, u⟩ = ⟨p, u_w⟩ + μu⊥, (wu)ⱼ = ⟨wⱼ, u⟩):
+
+    Qⱼ   = 1 + 2ξĉⱼωⱼ + ξ²ĉⱼ²                       (student row norms²)
+    Sⱼⱼ′ = Gⱼⱼ′ + ξ(ĉⱼ′ωⱼ + ĉⱼωⱼ′) + ξ²ĉⱼĉⱼ′           (student Gram; Sⱼⱼ = Qⱼ)
+    Cᵢⱼ  = Gᵢⱼ + ξĉⱼωᵢ + ξcᵢ(wu)ⱼ + ξ²cᵢĉⱼ m            (teacher–student)
+    Tᵢᵢ′ = Gᵢᵢ′ + ξ(cᵢ′(wu)ᵢ + cᵢ(wu)ᵢ′) + ξ²cᵢcᵢ′       (teacher, constant).
+
+So L depends on û only through (p, μ) (ν = √(1 − ‖p‖² − μ²) does not enter) and on ĉ.
+
+Gradient (Price's theorem, ∂κ/∂c = E σ′(a)σ′(b), and the chain rule). With
+M = o²λλᵀ ⊙ ∂_cκ(S) and N = −2o²λλᵀ ⊙ ∂_cκ(C), g_Q the o²-weighted sum of ∂κ/∂q over both
+blocks (each row's norm appears in its row and column of the student block and in the
+student column of the cross block):
+
+    a = ∂L/∂ω  = ξ(M + Mᵀ)ĉ + 2ξ ĉ ⊙ g_Q + ξ N ĉ
+    b = ∂L/∂m  = ξ² cᵀNĉ
+    ∂L/∂ĉ      = ξ(M + Mᵀ)ω + ξ²(M + Mᵀ)ĉ + 2ξ(ω + ξĉ) ⊙ g_Q + Nᵀ(ξω + ξ²m c)
+
+(+ 2·prox·ξ²ĉ, the proximal term). The Euclidean gradient of L in R^d is
+(Lᵀa + b u_w, b u⊥, 0, …) plus a multiple of û (from ‖û‖², which the tangent projection
+removes); with S = ⟨û, ·⟩ = ωᵀa + b m its tangent part has coordinates
+(Lᵀa + b u_w − Sp, b u⊥ − Sμ, −Sν). The O(η) drift of the exact chain's state (p, μ, ν, ĉ)
+(docs/theory/exact-reductions.md, (R0)–(R6)) is minus this mean gradient:
+
+    unprojected:  Δp = −η(Lᵀa + b u_w − S p),   Δμ = −η(b u⊥ − S μ)
+    projected:    Δp = 0,                       Δμ = −η b u⊥ (1 − μ²)
+    joint ĉ:      Δĉ = −η_c (∂L/∂ĉ + 2·prox·ξ²ĉ);   frozen: Δĉ = 0.
+
+Projected, frozen ĉ and unit rows this is Prop. 4's m̄′ = m̄ + ηh(m̄)(u⊥² − m̄²) (b = −h).
+Mini-batches average b sample gradients and label noise enters y only with mean 0: the mean
+gradient, hence the O(η) drift, is the same for every b and σ_ε² (they change the O(η²)
+terms only). The ODE dX/dt = drift(X) is integrated in SGD steps (scipy ``solve_ivp``,
+DOP853) in the coordinates (p, μ, ĉ).
+
+Finite-d correction (``corrected=True``): the next order of the chain's step. From (R5),
+X′ = (X − ηG_X)/n with n² = 1 + η²‖Ḡ_T‖² (Ḡ_T the tangent mini-batch gradient), so for
+X = p, μ the complete O(η²) drift is −(η²/2) X E‖Ḡ_T‖²; ĉ's step is plain SGD and has none.
+E‖Ḡ_T‖² = (1/b)E‖G_T‖² + (1 − 1/b)‖E G_T‖², and E‖G_T‖² = (d − k − 2)E g² + (the k+2
+coordinates of H ⊕ ê), a Gaussian average over (z, a, b, ε) with ‖r‖² replaced by its mean
+d − k − 2 (it enters linearly) — randomised quasi-Monte Carlo on fixed scrambled Sobol′
+points (common random numbers, so the corrected drift is a smooth function of the state).
+It is the renormalisation drift of docs/theory/finite-d.md (its ``second_order`` method) in
+every regime; the projected/frozen/unit path keeps the exact-drift corrected map of
+:mod:`hermite.corrected_ode`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.integrate
+import scipy.stats.qmc
+
+from ._activation import resolve_activation
+from ._quadrature import gauss_hermite
+from .activations import hermite_normalized
+from .kernels import dual_kernel, dual_kernel_derivative
+
+__all__ = ["PairKernel", "FinetuneModel", "FinetuneODE", "finetune_ode",
+           "finetune_steps_to_reach", "finetune_ode_kind", "HOMOGENEOUS_DEGREE", "MEHLER_TERMS",
+           "MEHLER_NODES"]
+
+HOMOGENEOUS_DEGREE = {"relu": 1, "abs": 1, "linear": 1, "quadratic": 2}
+MEHLER_TERMS = 160  # Hermite degrees kept for a smooth σ without a closed form (non-unit rows)
+MEHLER_NODES = 240  # Gauss–Hermite nodes of the 1-D coefficients βₙ(q) (see PairKernel)
+QMC_POINTS = 2**11  # scrambled Sobol′ points of the finite-d second moment
+_QMC_BLOCK = 4_000_000  # elements (runs × points × k) per vectorised block
+STILL = 1e-11  # |drift|/η below which the flow counts as settled (hitting times: inf)
+FLOW_STEP = 0.01  # η·Δt of one RK4 step of the corrected ODE (local error ~ 1e-10)
+SPHERE_TOL = 1e-5  # ‖p‖² + μ² ≤ 1 + tol (a float32 start); renormalised onto the sphere
+
+
+# ---------------------------------------------------------------- E σ(a)σ(b), any covariance
+class PairKernel:
+    r"""κ(qa, qb, c) = E σ(a)σ(b) for a centred Gaussian pair, Var a = qa, Var b = qb,
+    Cov(a, b) = c, with its three partial derivatives.
+
+    ``unit_rows=True``: the rows are normalised first, κ = K(ρ), ρ = c/√(qa qb), K the dual
+    kernel (:func:`hermite.dual_kernel`: closed form, or the certified Chebyshev interpolant).
+    Otherwise the pair's own covariance:
+
+    * positively homogeneous σ of degree h (relu, abs, linear, quadratic, and σ(a·x) of
+      them): κ = (qa qb)^{h/2} K(ρ) (closed form);
+    * erf(a·x): κ = (2/π) arcsin(2a²c/√((1 + 2a²qa)(1 + 2a²qb))) (closed form);
+    * any other σ without breakpoints (polynomials hₚ; sigmoid, tanh): Mehler's expansion
+      κ = Σₙ βₙ(qa) βₙ(qb) ρⁿ with βₙ(q) = E[σ(√q z) hₙ(z)] by Gauss–Hermite quadrature
+      (``MEHLER_NODES`` nodes). A polynomial of degree P needs n ≤ P and P + 1 nodes: exact.
+      Otherwise ``MEHLER_TERMS`` terms; for σ analytic in a strip |Im z| < w the βₙ fall like
+      exp(−w√(2n/q)), and the error against a 240×240-node 2-D reference is in
+      :attr:`error_note` (measured, tests/test_finetune_ode.py). Equal rows (ρ = 1: a row's
+      own E σ(a)²) are evaluated directly in 1-D by :meth:`diagonal`.
+
+    Derivatives: ∂κ/∂c = E σ′(a)σ′(b) (Price) and ∂κ/∂qa from the same closed forms or
+    series; homogeneous: ∂κ/∂qa = (hκ − ρ(qa qb)^{h/2}K′(ρ))/(2qa) (h = 0 for unit rows).
+    """
+
+    error_note = ("Mehler series (160 terms, 240 Gauss–Hermite nodes): |error| ≤ 1e-12 "
+                  "against a 240×240-node 2-D quadrature for tanh and sigmoid at variances "
+                  "0.3–3 (tests/test_finetune_ode.py)")
+
+    def __init__(self, activation, unit_rows: bool = True, terms: int = MEHLER_TERMS,
+                 nodes: int = MEHLER_NODES):
+        act = resolve_activation(activation)
+        self.act = act
+        base, scale = act.base_and_scale
+        self.degree = 0
+        if unit_rows:
+            self.method = "unit"
+        elif base in HOMOGENEOUS_DEGREE and act.kernel is not None:
+            self.method, self.degree = "homogeneous", HOMOGENEOUS_DEGREE[base]
+        elif base == "erf":
+            self.method, self.alpha = "erf", 2.0 * scale * scale
+        elif act.breakpoints:
+            raise ValueError(f"no Gaussian pair kernel of activation {act.name!r} for rows that "
+                             "are not unit vectors (piecewise σ other than relu/abs)")
+        else:
+            self.method = "mehler"
+            if act.polynomial_degree is not None:
+                self.terms = int(act.polynomial_degree)
+                self.nodes = self.terms + 2
+            else:
+                self.terms, self.nodes = int(terms), int(nodes)
+            x, w = gauss_hermite(self.nodes)
+            self._x, self._w = np.asarray(x), np.asarray(w)
+            self._h = np.stack([hermite_normalized(n, self._x) for n in range(self.terms + 1)])
+
+    # -- Mehler pieces
+    def coefficients(self, q):
+        """(βₙ(q), dβₙ/dq) for n = 0..terms, shapes q.shape + (terms + 1,) (Mehler only)."""
+        q = np.asarray(q, dtype=float)
+        r = np.sqrt(q)[..., None]
+        arg = r * self._x
+        f = self.act.fn(arg) * self._w
+        fp = self.act.deriv(arg) * (self._x * self._w)
+        beta = f @ self._h.T
+        dbeta = (fp @ self._h.T) / (2.0 * r)
+        return beta, dbeta
+
+    def diagonal(self, q):
+        """(E σ(√q z)², its derivative in q): a row with itself, any method."""
+        q = np.asarray(q, dtype=float)
+        if self.method == "unit":
+            k1 = float(dual_kernel(self.act, 1.0))
+            return np.full(q.shape, k1), np.zeros(q.shape)
+        if self.method == "homogeneous":
+            h, k1 = self.degree, float(dual_kernel(self.act, 1.0))
+            return q**h * k1, h * q ** (h - 1) * k1
+        x, w = gauss_hermite(max(getattr(self, "nodes", 0), MEHLER_NODES))
+        r = np.sqrt(q)[..., None]
+        f = self.act.fn(r * x)
+        val = (f * f) @ w
+        der = (f * self.act.deriv(r * x) * x) @ w / r[..., 0]
+        return val, der
+
+    def __call__(self, qa, qb, c, value: bool = True):
+        """(κ or None, ∂κ/∂qa, ∂κ/∂qb, ∂κ/∂c), broadcast over qa, qb, c."""
+        qa, qb, c = (np.asarray(v, dtype=float) for v in (qa, qb, c))
+        if self.method in ("unit", "homogeneous"):
+            root = np.sqrt(qa * qb)
+            rho = np.clip(c / root, -1.0, 1.0)
+            kp = dual_kernel_derivative(self.act, rho)
+            h = self.degree
+            g = root**h if h else 1.0
+            val = g * dual_kernel(self.act, rho) if (value or h) else None
+            dc = g * kp / root
+            dqa = ((h * val if h else 0.0) - rho * g * kp) / (2.0 * qa)
+            dqb = ((h * val if h else 0.0) - rho * g * kp) / (2.0 * qb)
+            return val, dqa, dqb, dc
+        if self.method == "erf":
+            al = self.alpha
+            da, db = 1.0 + al * qa, 1.0 + al * qb
+            root = np.sqrt(da * db)
+            u = np.clip(al * c / root, -1.0, 1.0)
+            wgt = (2.0 / math.pi) / np.sqrt(1.0 - u * u)
+            val = (2.0 / math.pi) * np.arcsin(u) if value else None
+            return val, -wgt * u * al / (2.0 * da), -wgt * u * al / (2.0 * db), wgt * al / root
+        # Mehler: Σ βₙ(qa)βₙ(qb)ρⁿ by Horner in ρ
+        ba, dba = self.coefficients(qa)
+        bb, dbb = self.coefficients(qb)
+        root = np.sqrt(qa * qb)
+        rho = np.clip(c / root, -1.0, 1.0)
+        shape = np.broadcast_shapes(qa.shape, qb.shape, c.shape)
+        val, s1, sa, sb = (np.zeros(shape) for _ in range(4))
+        for n in range(self.terms, -1, -1):
+            prod = ba[..., n] * bb[..., n]
+            if n >= 1:
+                s1 = s1 * rho + n * prod
+            val = val * rho + prod
+            sa = sa * rho + dba[..., n] * bb[..., n]
+            sb = sb * rho + ba[..., n] * dbb[..., n]
+        dc = s1 / root
+        return val, sa - s1 * rho / (2.0 * qa), sb - s1 * rho / (2.0 * qb), dc
+
+
+# ---------------------------------------------------------------- the model
+def _check_instance(instance) -> None:
+    if getattr(instance, "teacher", "finetune") != "finetune":
+        raise ValueError("the population ODE of fine-tuning needs a fine-tuned teacher "
+                         f"(teacher = {instance.teacher!r} has no perturbation ξcuᵀ)")
+    if instance.k < 1:
+        raise ValueError("the population ODE of fine-tuning needs k ≥ 1")
+
+
+@dataclass
+class FinetuneModel:
+    """The population loss of fine-tuning, its gradient and the O(η) drift of the chain's
+    state (module docstring), for one instance and one learner setting.
+
+    State arrays carry a leading run axis: p (R, k) (zeros when projected), μ (R,), ĉ (R, k).
+    """
+
+    instance: object
+    eta: float
+    project: bool = True
+    joint_c: bool = False
+    eta_c: float | None = None
+    prox: float = 0.0
+    kernel: PairKernel | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        inst = self.instance
+        _check_instance(inst)
+        self.eta = _positive("eta", self.eta)
+        self.eta_c = self.eta if self.eta_c is None else _positive("eta_c", self.eta_c)
+        self.prox = float(self.prox)
+        if not (math.isfinite(self.prox) and self.prox >= 0.0):
+            raise ValueError(f"prox must be a finite number ≥ 0, got {self.prox!r}")
+        self.k, self.xi = int(inst.k), float(inst.xi)
+        self.L = np.asarray(inst.w_factor, dtype=float)
+        self.G = np.asarray(inst.gram, dtype=float)
+        self.u_w = np.asarray(inst.u_w, dtype=float)
+        self.u_perp = float(inst.u_perp)
+        self.wu = self.L @ self.u_w
+        self.lam = np.asarray(inst.lam, dtype=float)
+        self.c = np.asarray(inst.c, dtype=float)
+        self.unit = inst.convention == "unit"
+        self.s2 = 1.0 if self.unit else float(inst.row_scale) ** 2
+        self.o2 = 1.0 if self.unit else 1.0 / self.xi**2
+        if self.kernel is None:
+            self.kernel = PairKernel(inst.activation, unit_rows=self.unit)
+        xi, c, wu = self.xi, self.c, self.wu
+        self.T = self.G + xi * (np.outer(wu, c) + np.outer(c, wu)) + xi**2 * np.outer(c, c)
+        self.P = np.diag(self.T).copy()
+        self.lam2 = np.outer(self.lam, self.lam)
+
+    # -- geometry
+    def raw_grams(self, p, mu, ch):
+        """(ω, m, Q, S, C) of the module docstring for states (R, ·)."""
+        xi = self.xi
+        omega = p @ self.L.T
+        m = p @ self.u_w + mu * self.u_perp
+        xc = xi * ch
+        q = 1.0 + 2.0 * xc * omega + xc * xc
+        s = (self.G + xc[:, None, :] * omega[:, :, None] + xc[:, :, None] * omega[:, None, :]
+             + xc[:, :, None] * xc[:, None, :])
+        cross = (self.G + xc[:, None, :] * omega[:, :, None] + xi * np.outer(self.c, self.wu)
+                 + xi * self.c[None, :, None] * xc[:, None, :] * m[:, None, None])
+        return omega, m, q, s, cross
+
+    def _kappa(self, qa, qb, c, value):
+        s2 = self.s2
+        val, dqa, dqb, dc = self.kernel(s2 * qa, s2 * qb, s2 * c, value=value)
+        return val, s2 * dqa, s2 * dqb, s2 * dc
+
+    def loss(self, p, mu, ch):
+        """(R,) population loss L(û, ĉ) = E(f* − f̂)² (no label noise, no proximal term)."""
+        p, mu, ch = _as_state(p, mu, ch, self.k)
+        _, _, q, s, cross = self.raw_grams(p, mu, ch)
+        k = self.k
+        idx = np.arange(k)
+        tt, *_ = self._kappa(self.P[:, None], self.P[None, :], self.T, True)
+        tt = np.array(tt, dtype=float)
+        tt[idx, idx] = self._diag(self.P)[0]
+        ss, *_ = self._kappa(q[:, :, None], q[:, None, :], s, True)
+        ss = np.array(ss, dtype=float)
+        ss[:, idx, idx] = self._diag(q)[0]
+        ts, *_ = self._kappa(self.P[None, :, None], q[:, None, :], cross, True)
+        lam2 = self.lam2
+        return self.o2 * (np.sum(lam2 * tt) + np.einsum("ij,rij->r", lam2, ss)
+                          - 2.0 * np.einsum("ij,rij->r", lam2, ts))
+
+    def _diag(self, q):
+        val, der = self.kernel.diagonal(self.s2 * np.asarray(q, dtype=float))
+        return val, self.s2 * der
+
+    def gradient(self, p, mu, ch):
+        """(a = ∂L/∂ω (R, k), b = ∂L/∂m (R,), ∂L/∂ĉ (R, k)) (module docstring; no prox)."""
+        p, mu, ch = _as_state(p, mu, ch, self.k)
+        xi, k = self.xi, self.k
+        omega, m, q, s, cross = self.raw_grams(p, mu, ch)
+        idx = np.arange(k)
+        _, sqa, sqb, sc = self._kappa(q[:, :, None], q[:, None, :], s, False)
+        sqa, sqb, sc = (np.array(np.broadcast_to(a, s.shape)) for a in (sqa, sqb, sc))
+        sqa[:, idx, idx] = self._diag(q)[1]  # a row with itself: the total derivative
+        sqb[:, idx, idx] = 0.0
+        sc[:, idx, idx] = 0.0
+        _, _, cqb, cc = self._kappa(self.P[None, :, None], q[:, None, :], cross, False)
+        lam2 = self.o2 * self.lam2
+        mm = lam2 * sc
+        nn = -2.0 * lam2 * cc
+        g_q = (np.einsum("rjl,jl->rj", sqa, lam2) + np.einsum("rlj,lj->rj", sqb, lam2)
+               - 2.0 * np.einsum("rij,ij->rj", np.broadcast_to(cqb, cross.shape), lam2))
+        msym = mm + np.swapaxes(mm, 1, 2)
+        a = (xi * np.einsum("rjl,rl->rj", msym, ch) + 2.0 * xi * ch * g_q
+             + xi * np.einsum("rjl,rl->rj", nn, ch))
+        b = xi**2 * np.einsum("i,rij,rj->r", self.c, nn, ch)
+        gc = (xi * np.einsum("rjl,rl->rj", msym, omega) + xi**2 * np.einsum("rjl,rl->rj", msym, ch)
+              + 2.0 * xi * (omega + xi * ch) * g_q
+              + np.einsum("rij,ri->rj", nn, xi * omega + xi**2 * m[:, None] * self.c[None, :]))
+        return a, b, gc
+
+    def tangent_gradient(self, p, mu, ch):
+        """Mean tangent gradient E[(I − ûûᵀ)Π∇L] in û's coordinates (p (R, k), μ (R,),
+        ν (R,)) and E ∂L/∂ĉ (R, k) with the proximal term: what the sample step averages to."""
+        p, mu, ch = _as_state(p, mu, ch, self.k)
+        nu = _nu(p, mu)
+        a, b, gc = self.gradient(p, mu, ch)
+        gc = gc + 2.0 * self.prox * self.xi**2 * ch
+        if self.project:
+            ge = b * self.u_perp
+            sdot = mu * ge
+            return np.zeros_like(p), ge - sdot * mu, -sdot * nu, gc
+        gw = a @ self.L + b[:, None] * self.u_w[None, :]
+        ge = b * self.u_perp
+        sdot = np.einsum("rk,rk->r", p, gw) + mu * ge
+        return gw - sdot[:, None] * p, ge - sdot * mu, -sdot * nu, gc
+
+    def drift(self, p, mu, ch):
+        """(Δp, Δμ, Δĉ) per SGD step at O(η): minus η (η_c) times the mean gradient; Δĉ = 0
+        when ĉ is frozen, Δp = 0 when projected."""
+        gp, gmu, _, gc = self.tangent_gradient(p, mu, ch)
+        dc = -self.eta_c * gc if self.joint_c else np.zeros_like(gc)
+        return -self.eta * gp, -self.eta * gmu, dc
+
+    # -- packing of the ODE state y = (p if unprojected, μ, ĉ if joint)
+    @property
+    def dim(self) -> int:
+        return (0 if self.project else self.k) + 1 + (self.k if self.joint_c else 0)
+
+    def pack(self, p, mu, ch):
+        parts = ([] if self.project else [p]) + [mu[:, None]] + ([ch] if self.joint_c else [])
+        return np.concatenate(parts, axis=1)
+
+    def unpack(self, y, ch0):
+        k, i = self.k, 0
+        y = y.reshape(ch0.shape[0], self.dim)
+        if self.project:
+            p = np.zeros((y.shape[0], k))
+        else:
+            p, i = y[:, :k], k
+        mu = y[:, i]
+        ch = y[:, i + 1:] if self.joint_c else ch0
+        return p, mu, ch
+
+
+def _positive(name, val) -> float:
+    val = float(val)
+    if not math.isfinite(val) or val <= 0.0:
+        raise ValueError(f"{name} must be a finite number > 0, got {val:g}")
+    return val
+
+
+def _as_state(p, mu, ch, k):
+    mu = np.atleast_1d(np.asarray(mu, dtype=float))
+    p = np.zeros((mu.size, k)) if p is None else np.atleast_2d(np.asarray(p, dtype=float))
+    ch = np.atleast_2d(np.asarray(ch, dtype=float))
+    if ch.shape[0] == 1 and mu.size > 1:
+        ch = np.repeat(ch, mu.size, axis=0)
+    return p, mu, ch
+
+
+def _nu(p, mu):
+    return np.sqrt(np.maximum(0.0, 1.0 - np.sum(p * p, axis=-1) - mu * mu))
+
+
+def finetune_ode_kind(corrected: bool = False) -> str:
+    """The note recorded beside a curve of this module (which ODE it is)."""
+    if corrected:
+        return ("finite-d corrected population ODE of fine-tuning (hermite.finetune_ode: O(η) "
+                "drift plus the O(η²d) renormalisation drift −(η²/2)X E‖Ḡ_T‖²)")
+    return ("plain population ODE of fine-tuning (hermite.finetune_ode: the O(η) drift, minus "
+            "the Riemannian gradient of the exact population loss L(û, ĉ))")
+
+
+# ---------------------------------------------------------------- finite-d second moment
+class SecondMoment:
+    """E‖Ḡ_T‖² of the tangent mini-batch gradient at a state (module docstring), by
+    randomised QMC over (z, a, b, ε) with fixed points (common random numbers)."""
+
+    def __init__(self, model: FinetuneModel, d: int, batch: int = 1, label_noise: float = 0.0,
+                 points: int = QMC_POINTS, seed: int = 0):
+        self.model, self.d, self.batch = model, int(d), int(batch)
+        k = model.k
+        if self.d < k + 2:
+            raise ValueError(f"d must be ≥ k + 2 = {k + 2}, got {d}")
+        self.noise_sd = math.sqrt(float(label_noise))
+        sob = scipy.stats.qmc.Sobol(k + 3, scramble=True, seed=seed)
+        u = sob.random(points)
+        z = scipy.stats.norm.ppf(np.clip(u, 1e-16, 1 - 1e-16))
+        self.z, self.a, self.b, self.eps = z[:, :k], z[:, k], z[:, k + 1], z[:, k + 2]
+        self.lz = self.z @ model.L.T  # (n, k) Wx in span W
+        self.ux = self.z @ model.u_w + model.u_perp * self.a  # ⟨u, x⟩
+        inst = model.instance
+        act = resolve_activation(inst.activation)
+        self.fn, self.deriv = act.fn, act.deriv
+        xi = model.xi
+        tscale = (1.0 / np.sqrt(model.P)) if model.unit else np.full(k, math.sqrt(model.s2))
+        out = 1.0 if model.unit else 1.0 / xi
+        self.out = out
+        self.y = out * (self.fn((self.lz + xi * model.c[None, :] * self.ux[:, None]) * tscale)
+                        @ model.lam) + self.noise_sd * self.eps
+
+    def __call__(self, p, mu, ch):
+        m = self.model
+        p, mu, ch = _as_state(p, mu, ch, m.k)
+        runs, n, k = mu.size, self.a.size, m.k
+        res = np.empty(runs)
+        step = max(1, _QMC_BLOCK // (n * k))
+        for r0 in range(0, runs, step):
+            sl = slice(r0, min(runs, r0 + step))
+            res[sl] = self._block(p[sl], mu[sl], ch[sl])
+        if self.batch > 1:
+            gp, gmu, gnu, _ = m.tangent_gradient(p, mu, ch)
+            mean2 = np.sum(gp * gp, axis=1) + gmu * gmu + gnu * gnu
+            res = res / self.batch + (1.0 - 1.0 / self.batch) * mean2
+        return res
+
+    def _block(self, p, mu, ch):
+        """E‖G_T‖² (b = 1) for a block of runs, (R, N, k) arrays."""
+        m, out, k = self.model, self.out, self.model.k
+        nu = _nu(p, mu)
+        s = p @ self.z.T + mu[:, None] * self.a + nu[:, None] * self.b  # (R, N) ⟨û, x⟩
+        xc = m.xi * ch
+        if m.unit:
+            scale = 1.0 / np.sqrt(1.0 + 2.0 * xc * (p @ m.L.T) + xc * xc)
+        else:
+            scale = np.full(ch.shape, math.sqrt(m.s2))
+        pre = (self.lz[None] + xc[:, None, :] * s[:, :, None]) * scale[:, None, :]
+        resid = self.y[None] - out * (self.fn(pre) @ m.lam)
+        delta = ((-2.0 * out) * resid)[:, :, None] * m.lam * self.deriv(pre)
+        g = np.einsum("rnk,rk->rn", delta, xc * scale)
+        ge, gb = g * self.a, g * self.b
+        base = ge * ge + gb * gb + (self.d - k - 2) * g * g
+        if m.project:
+            sdot = mu[:, None] * ge + nu[:, None] * gb
+            return np.mean(base - sdot * sdot, axis=1)
+        gw = g[:, :, None] * self.z[None]
+        if m.unit:
+            gw = gw - (delta * pre * (xc * scale * scale)[:, None, :]) @ m.L
+        sdot = np.einsum("rnk,rk->rn", gw, p) + mu[:, None] * ge + nu[:, None] * gb
+        return np.mean(np.sum(gw * gw, axis=2) + base - sdot * sdot, axis=1)
+
+
+# ---------------------------------------------------------------- integration
+@dataclass
+class FinetuneODE:
+    """Solution of the population ODE of fine-tuning at the checkpoints.
+
+    steps (C,); m, c_overlap (R, C): ⟨û, u⟩ and ⟨ĉ, c⟩/(‖ĉ‖‖c‖); p (R, C, k), mu (R, C),
+    c_hat (R, C, k): the state; ``kind``: which ODE (:func:`finetune_ode_kind`).
+    """
+
+    steps: np.ndarray
+    m: np.ndarray
+    c_overlap: np.ndarray
+    p: np.ndarray
+    mu: np.ndarray
+    c_hat: np.ndarray
+    kind: str
+
+
+def _start(model, m0, mu0, p0, c_hat0):
+    """(p0 (R, k), μ0 (R,), ĉ0 (R, k)) from the given start (one-line ValueError if invalid)."""
+    k, up = model.k, model.u_perp
+    if mu0 is None:
+        if m0 is None:
+            raise ValueError("give the start: m0, or mu0 (and p0)")
+        m0 = np.atleast_1d(np.asarray(m0, dtype=float))
+        if not np.all(np.isfinite(m0)) or np.any(np.abs(m0) > up * (1 + 1e-12)):
+            raise ValueError(f"m0 must be finite and lie in [-u_perp, u_perp] = [{-up:.6g}, "
+                             f"{up:.6g}] (a start with p = 0)")
+        mu0 = np.clip(m0 / up, -1.0, 1.0)
+    mu0 = np.atleast_1d(np.asarray(mu0, dtype=float))
+    runs = mu0.size
+    p0 = np.zeros((runs, k)) if p0 is None else np.asarray(p0, dtype=float).reshape(runs, k)
+    ch = model.instance.c_hat if c_hat0 is None else c_hat0
+    ch = np.asarray(ch, dtype=float)
+    ch = np.repeat(ch[None, :], runs, axis=0) if ch.ndim == 1 else ch.reshape(runs, k)
+    if not (np.all(np.isfinite(mu0)) and np.all(np.isfinite(p0)) and np.all(np.isfinite(ch))):
+        raise ValueError("the ODE's start must be finite (p0, mu0, c_hat0)")
+    if model.project and np.any(p0 != 0.0):
+        raise ValueError("a projected learner has û ⊥ span W: its start needs p0 = 0")
+    n2 = np.sum(p0 * p0, axis=1) + mu0 * mu0
+    if np.any(n2 > 1.0 + SPHERE_TOL):
+        raise ValueError(f"the start is off the unit sphere: ‖p‖² + μ² = {n2.max():.6g} > 1")
+    over = n2 > 1.0
+    if over.any():  # round-off of a float32 run: back onto the sphere
+        f = 1.0 / np.sqrt(n2[over])
+        p0, mu0 = p0.copy(), mu0.copy()
+        p0[over] *= f[:, None]
+        mu0[over] *= f
+    return p0, mu0, ch
+
+
+def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=None,
+                 project: bool = True, joint_c: bool = False, eta_c=None, prox: float = 0.0,
+                 corrected: bool = False, d: int | None = None, batch: int = 1,
+                 label_noise: float = 0.0, rtol: float = 1e-8, atol: float = 1e-11,
+                 chunk: int = 2_000_000, model: FinetuneModel | None = None) -> FinetuneODE:
+    """Integrate the population ODE of fine-tuning from each run's start (module docstring).
+
+    Parameters
+    ----------
+    instance : a fine-tuning :class:`dynamics.instance.Instance` (any convention, u_alpha).
+    eta : step size η of û; ``eta_c`` that of ĉ (default η).
+    steps : (C,) sorted checkpoint steps (times of the flow, in SGD steps).
+    m0 : (R,) start overlaps with p = 0 (the learner's initial law), or ``mu0`` (R,) with
+        ``p0`` (R, k) (default 0); ``c_hat0`` (k,) or (R, k) (default the instance's ĉ).
+    project, joint_c, prox : the learner's options.
+    corrected : add the O(η²d) renormalisation drift (needs ``d``; ``batch`` and
+        ``label_noise`` enter it); otherwise the plain O(η) drift (``batch`` and
+        ``label_noise`` do not change it).
+    chunk : runs per ``solve_ivp`` call are limited to about chunk / k² (memory).
+    """
+    from .ode import check_steps
+
+    if model is None:
+        model = FinetuneModel(instance, eta, project=project, joint_c=joint_c, eta_c=eta_c,
+                              prox=prox)
+    ck = check_steps(steps, integer=False)
+    p0, mu0, ch0 = _start(model, m0, mu0, p0, c_hat0)
+    second = None
+    if corrected:
+        if d is None:
+            raise ValueError("the finite-d corrected ODE needs the dimension d")
+        second = SecondMoment(model, d, batch, label_noise)
+    runs, k, cps = mu0.size, model.k, ck.size
+    out_p, out_mu = np.empty((runs, cps, k)), np.empty((runs, cps))
+    out_c = np.empty((runs, cps, k))
+    step = max(1, int(chunk // max(1, k * k)))
+    for a in range(0, runs, step):
+        sl = slice(a, min(runs, a + step))
+        P, MU, CH = _integrate(model, p0[sl], mu0[sl], ch0[sl], ck, second, rtol, atol)
+        out_p[sl], out_mu[sl], out_c[sl] = P, MU, CH
+    m = np.einsum("rck,k->rc", out_p, model.u_w) + out_mu * model.u_perp
+    c = model.c
+    c_ov = np.einsum("rck,k->rc", out_c, c) / (np.linalg.norm(out_c, axis=-1)
+                                                * np.linalg.norm(c))
+    return FinetuneODE(ck, m, c_ov, out_p, out_mu, out_c, finetune_ode_kind(corrected))
+
+
+def _rhs(model, ch0, second, frozen=None):
+    """The ODE's right-hand side on packed states; with ``second``, the renormalisation drift
+    −(η²/2)X E‖Ḡ_T‖², its coefficient read from ``frozen[0]`` when set (held over an RK4
+    step: it is a small, slowly varying correction)."""
+    def fun(_t, y):
+        p, mu, ch = model.unpack(y, ch0)
+        dp, dmu, dc = model.drift(p, mu, ch)
+        if second is not None:
+            coef = frozen[0] if frozen is not None and frozen[0] is not None \
+                else second(p, mu, ch)
+            f = -0.5 * model.eta**2 * coef
+            dp = dp + f[:, None] * p
+            dmu = dmu + f * mu
+        return model.pack(dp, dmu, dc).ravel()
+    return fun
+
+
+def _integrate(model, p0, mu0, ch0, ck, second, rtol, atol):
+    runs, cps = mu0.size, ck.size
+    y0 = model.pack(p0, mu0, ch0).ravel()
+    if ck[-1] == 0.0:
+        ys = np.repeat(y0[:, None], cps, axis=1)
+    elif second is not None:  # a QMC drift is piecewise constant for kinked σ: fixed steps
+        frozen = [None]
+
+        def coefficient(y):
+            frozen[0] = None
+            frozen[0] = second(*model.unpack(y, ch0))
+
+        ys = _rk4(_rhs(model, ch0, second, frozen), y0, ck,
+                  FLOW_STEP / max(model.eta, model.eta_c if model.joint_c else 0.0),
+                  coefficient)
+    else:
+        sol = scipy.integrate.solve_ivp(_rhs(model, ch0, second), (0.0, float(ck[-1])), y0,
+                                        method="DOP853", t_eval=ck, rtol=rtol, atol=atol)
+        if not sol.success:
+            raise ArithmeticError(f"finetune_ode: the solver failed ({sol.message})")
+        ys = sol.y
+    ys = ys.reshape(runs, model.dim, cps).transpose(0, 2, 1)  # (R, C, dim)
+    flat = ys.reshape(runs * cps, model.dim)
+    p, mu, ch = model.unpack(flat, np.repeat(ch0, cps, axis=0))
+    return p.reshape(runs, cps, -1), mu.reshape(runs, cps), ch.reshape(runs, cps, -1)
+
+
+def _rk4(fun, y0, ck, h, before=None):
+    """Classical RK4 with steps ≤ h (in SGD steps) landing on every checkpoint (the corrected
+    drift: its QMC average jumps where a kinked σ′ does, which defeats step control);
+    ``before(y)`` runs at the start of each step."""
+    out = np.empty((y0.size, ck.size))
+    y, t = y0.copy(), 0.0
+    for j, target in enumerate(ck):
+        while t < target:
+            dt = min(h, target - t)
+            if before is not None:
+                before(y)
+            k1 = fun(t, y)
+            k2 = fun(t, y + 0.5 * dt * k1)
+            k3 = fun(t, y + 0.5 * dt * k2)
+            k4 = fun(t, y + dt * k3)
+            y = y + dt * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0
+            t = t + dt if target - t > h else float(target)
+        out[:, j] = y
+    return out
+
+
+def finetune_steps_to_reach(instance, eta, level, *, m0=None, mu0=None, p0=None, c_hat0=None,
+                            project: bool = True, joint_c: bool = False, eta_c=None,
+                            prox: float = 0.0, max_steps: float = 1e12, corrected=False,
+                            d=None, batch=1, label_noise=0.0, rtol: float = 1e-9,
+                            model: FinetuneModel | None = None) -> np.ndarray:
+    """(R,) steps of the flow for |⟨û, u⟩| to reach ``level`` (0 if |m₀| ≥ level; inf if not
+    within ``max_steps``: a fixed point short of the level, or a level ≥ what û can reach).
+    Plain ODE: DOP853 with an event; ``corrected``: the fixed-step RK4 of
+    :func:`finetune_ode`, the crossing interpolated linearly within its step."""
+    if model is None:
+        model = FinetuneModel(instance, eta, project=project, joint_c=joint_c, eta_c=eta_c,
+                              prox=prox)
+    level = float(level)
+    if not math.isfinite(level) or level <= 0.0:
+        raise ValueError(f"level must be a number > 0, got {level:g}")
+    p0, mu0, ch0 = _start(model, m0, mu0, p0, c_hat0)
+    second = None
+    if corrected:
+        if d is None:
+            raise ValueError("the finite-d corrected ODE needs the dimension d")
+        second = SecondMoment(model, d, batch, label_noise)
+    out = np.empty(mu0.size)
+    for r in range(mu0.size):
+        p, mu, ch = p0[r:r + 1], mu0[r:r + 1], ch0[r:r + 1]
+
+        def overlap(y, _ch=ch):
+            pp, mm, _ = model.unpack(y, _ch)
+            return abs(float(pp[0] @ model.u_w + mm[0] * model.u_perp))
+
+        y0 = model.pack(p, mu, ch).ravel()
+        if overlap(y0) >= level:
+            out[r] = 0.0
+            continue
+        if second is not None:
+            out[r] = _rk4_crossing(model, ch, second, y0, overlap, level, float(max_steps))
+            continue
+
+        if model.project and level >= model.u_perp:
+            out[r] = math.inf  # a projected û never gets beyond u_perp
+            continue
+        fun = _rhs(model, ch, None)
+
+        def event(_t, y):
+            return overlap(y) - level
+
+        def settled(t, y):  # at a fixed point short of the level: the rate has died out
+            return float(np.max(np.abs(fun(t, y)))) / rate - STILL
+
+        event.terminal = settled.terminal = True
+        event.direction, settled.direction = 1.0, -1.0
+        rate = max(model.eta, model.eta_c if model.joint_c else 0.0)
+        sol = scipy.integrate.solve_ivp(fun, (0.0, float(max_steps)), y0, method="DOP853",
+                                        events=(event, settled), rtol=rtol, atol=1e-12)
+        if not sol.success:
+            raise ArithmeticError(f"finetune_steps_to_reach: the solver failed ({sol.message})")
+        out[r] = float(sol.t_events[0][0]) if sol.t_events[0].size else math.inf
+    return out
+
+
+def _rk4_crossing(model, ch, second, y0, overlap, level, max_steps) -> float:
+    """First time the corrected flow's |m| reaches ``level`` (RK4 as in :func:`_rk4`)."""
+    frozen = [None]
+    fun = _rhs(model, ch, second, frozen)
+    h = FLOW_STEP / max(model.eta, model.eta_c if model.joint_c else 0.0)
+    y, t, prev, stall = y0.copy(), 0.0, overlap(y0), 0
+    while t < max_steps:
+        frozen[0] = None
+        frozen[0] = second(*model.unpack(y, ch))
+        k1 = fun(t, y)
+        k2 = fun(t, y + 0.5 * h * k1)
+        k3 = fun(t, y + 0.5 * h * k2)
+        k4 = fun(t, y + h * k3)
+        new = y + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0
+        cur = overlap(new)
+        if cur >= level:
+            return t + h * (level - prev) / (cur - prev)
+        stall = stall + 1 if cur - prev < 1e-12 else 0
+        if stall > 10_000:  # no progress over 100/η steps: a fixed point short of the level
+            return math.inf
+        y, t, prev = new, t + h, cur
+    return math.inf
