@@ -671,16 +671,16 @@ def finetune_steps_to_reach(instance, eta, level, *, m0=None, mu0=None, p0=None,
             out[r] = math.inf  # a projected û never gets beyond u_perp
             continue
         fun = _rhs(model, ch, None)
+        rate = max(model.eta, model.eta_c if model.joint_c else 0.0)
 
         def event(_t, y):
             return overlap(y) - level
 
-        def settled(t, y):  # at a fixed point short of the level: the rate has died out
+        def settled(t, y, fun=fun, rate=rate):  # at a fixed point short of the level
             return float(np.max(np.abs(fun(t, y)))) / rate - STILL
 
         event.terminal = settled.terminal = True
         event.direction, settled.direction = 1.0, -1.0
-        rate = max(model.eta, model.eta_c if model.joint_c else 0.0)
         sol = scipy.integrate.solve_ivp(fun, (0.0, float(max_steps)), y0, method="DOP853",
                                         events=(event, settled), rtol=rtol, atol=1e-12)
         if not sol.success:
