@@ -92,7 +92,8 @@ def test_reproduce_writes_h5_png_and_readme_section(tmp_path, monkeypatch):
     assert [ax.get_title() for ax in fig.axes] == ["(a) joint training of ĉ and û",
                                                    "(b) ĉ frozen, û trained"]
     assert fig.axes[0].get_ylabel() == "overlap |⟨û_t, u⟩|"
-    assert len(fig.axes[0].get_lines()) == 3 + 1  # every run + the median
+    # every run + the median + the population ODE (joint ĉ: hermite.finetune_population)
+    assert len(fig.axes[0].get_lines()) == 3 + 2
     assert any(ln.get_linestyle() == "--" for ln in fig.axes[1].get_lines())  # ODE (frozen)
     assert fig._suptitle.get_text().startswith("fig2 (quick): σ = relu, k = 3, d = 20")
     plt.close(fig)
@@ -225,7 +226,8 @@ def test_reproduce_appB_writes_suffixed_files_and_its_own_readme_section(tmp_pat
     fig = render(FIGURES["fig2"], tmp_path / "fig2_quick_appB.h5", True)
     assert fig._suptitle.get_text().startswith(
         "fig2 (quick, App. B convention appB): σ = relu, k = 3, d = 20")
-    assert len(fig.axes[0].get_lines()) == 3 + 1  # every run + the median, no theory line
+    # every run + the median + the plain O(η) ODE (App. B rows: hermite.finetune_population)
+    assert len(fig.axes[0].get_lines()) == 3 + 2
     assert not any(ln.get_linestyle() == "--" for ax in fig.axes for ln in ax.get_lines())
     plt.close(fig)
     with pytest.raises(ValueError, match="use convention 'appB', not 'unit'"):
