@@ -43,8 +43,10 @@ removes); with S = ⟨û, ·⟩ = ωᵀa + b m its tangent part has coordinates
 Projected, frozen ĉ and unit rows this is Prop. 4's m̄′ = m̄ + ηh(m̄)(u⊥² − m̄²) (b = −h).
 Mini-batches average b sample gradients and label noise enters y only with mean 0: the mean
 gradient, hence the O(η) drift, is the same for every b and σ_ε² (they change the O(η²)
-terms only). The ODE dX/dt = drift(X) is integrated in SGD steps (scipy ``solve_ivp``,
-DOP853) in the coordinates (p, μ, ĉ).
+terms only). The ODE dX/dt = drift(X) is integrated in SGD steps in the coordinates
+(p, μ, ĉ) by scipy's ``solve_ivp`` (BDF with the runs' block-diagonal Jacobian pattern: near
+the teacher ρᵢᵢ → 1, where a kinked σ's K″ diverges, the flow is stiff; hitting times: DOP853
+with an event).
 
 Finite-d correction (``corrected=True``): the next order of the chain's step. From (R5),
 X′ = (X − ηG_X)/n with n² = 1 + η²‖Ḡ_T‖² (Ḡ_T the tangent mini-batch gradient), so for
@@ -103,17 +105,19 @@ class PairKernel:
       κ = Σₙ βₙ(qa) βₙ(qb) ρⁿ with βₙ(q) = E[σ(√q z) hₙ(z)] by Gauss–Hermite quadrature
       (``MEHLER_NODES`` nodes). A polynomial of degree P needs n ≤ P and P + 1 nodes: exact.
       Otherwise ``MEHLER_TERMS`` terms; for σ analytic in a strip |Im z| < w the βₙ fall like
-      exp(−w√(2n/q)), and the error against a 240×240-node 2-D reference is in
-      :attr:`error_note` (measured, tests/test_finetune_ode.py). Equal rows (ρ = 1: a row's
-      own E σ(a)²) are evaluated directly in 1-D by :meth:`diagonal`.
+      exp(−w√(2n/q)); the measured error against a composite 2-D Gauss–Legendre reference
+      is in :attr:`error_note` (tests/test_finetune_ode.py checks ≤ 1e-10 at variances
+      0.3–2). Equal rows (ρ = 1: a row's own E σ(a)²) are evaluated directly in 1-D by
+      :meth:`diagonal`.
 
     Derivatives: ∂κ/∂c = E σ′(a)σ′(b) (Price) and ∂κ/∂qa from the same closed forms or
     series; homogeneous: ∂κ/∂qa = (hκ − ρ(qa qb)^{h/2}K′(ρ))/(2qa) (h = 0 for unit rows).
     """
 
-    error_note = ("Mehler series (160 terms, 240 Gauss–Hermite nodes): |error| ≤ 1e-12 "
-                  "against a 240×240-node 2-D quadrature for tanh and sigmoid at variances "
-                  "0.3–3 (tests/test_finetune_ode.py)")
+    error_note = ("Mehler series (160 terms, 240 Gauss–Hermite nodes) against composite 2-D "
+                  "Gauss–Legendre: sigmoid ≤ 2e-16; tanh ≤ 5e-16 at variance ≤ 1, 2e-13 "
+                  "(κ) / 2.5e-11 (∂κ/∂c) at 2, 4e-10 / 4e-8 at 4, 2e-7 / 4e-6 at 8 "
+                  "(docs/theory/joint-c.md)")
 
     def __init__(self, activation, unit_rows: bool = True, terms: int = MEHLER_TERMS,
                  nodes: int = MEHLER_NODES):
