@@ -152,10 +152,10 @@ def _checkpoints(config) -> int:
 def _engine(config) -> str:
     if config.engine != "auto":
         return config.engine
-    try:  # as engine.choose_engine (not imported: the engine imports this module)
-        from .reduced import reduced_supported
+    from .engine_choice import choose_engine
 
-        return "reduced" if reduced_supported(config)[0] else "full"
+    try:
+        return choose_engine(config)
     except Exception:  # noqa: BLE001 - an estimate must not fail on an unsupported config
         return "full"
 
@@ -316,7 +316,7 @@ def check_memory(config, names: dict | None = None, *, engine: str | None = None
 
     ``names`` maps config fields to how the caller calls them (``{"runs": "--runs"}``); the
     default names them as ``runs = R``. ``engine``: the engine already chosen (else as
-    ``engine.choose_engine``).
+    ``engine_choice.choose_engine``).
     """
     names = names or {}
     engine = engine or _engine(config)

@@ -39,10 +39,11 @@ import numpy as np
 from tqdm import tqdm
 
 from .config import RunConfig
+from .engine_choice import choose_engine
 from .lazy import lazy_import
 from .learners import Problem, RunResult, get_learner
 from .learners.directions import initial_directions
-from .resolve import ResolvedRun, choose_engine, resolve_run
+from .resolve import ResolvedRun, resolve_run
 from .sampling import NoiseSource, resolve_device, resolve_dtype
 from .trajectory import Trajectory, checkpoint_steps
 

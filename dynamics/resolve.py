@@ -15,6 +15,7 @@ import numpy as np
 
 from .budget import Estimate, check_memory
 from .config import RunConfig
+from .engine_choice import choose_engine
 from .instance import Instance, distinct_instances
 
 __all__ = ["ResolvedRun", "resolve_run", "choose_engine"]
@@ -41,19 +42,6 @@ class ResolvedRun:
     def run_instances(self) -> list[Instance]:
         """The instance of every run (length R; shared objects, as ``config.run_instances``)."""
         return [self.instances[i] for i in self.index]
-
-
-def choose_engine(config: RunConfig) -> str:
-    """``full`` or ``reduced`` for this config (``auto``: reduced when its learner's exact
-    chain covers it)."""
-    if config.engine != "auto":
-        return config.engine
-    try:
-        from .reduced import reduced_supported
-    except ImportError:
-        return "full"
-    ok, _why = reduced_supported(config)
-    return "reduced" if ok else "full"
 
 
 def resolve_run(config: RunConfig, *, instance: Instance | None = None,

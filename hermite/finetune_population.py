@@ -523,6 +523,23 @@ def _start(model, m0, mu0, p0, c_hat0):
     return p0, mu0, ch
 
 
+def _setup(instance, eta, model, start, *, project, joint_c, eta_c, prox, corrected, d,
+           batch, label_noise):
+    """(model, (p₀, μ₀, ĉ₀), the second moment of the corrected drift or None) of
+    :func:`finetune_ode` and :func:`finetune_steps_to_reach`; ``start`` = (m0, mu0, p0,
+    c_hat0) as they take it."""
+    if model is None:
+        model = FinetuneModel(instance, eta, project=project, joint_c=joint_c, eta_c=eta_c,
+                              prox=prox)
+    start = _start(model, *start)
+    second = None
+    if corrected:
+        if d is None:
+            raise ValueError("the finite-d corrected ODE needs the dimension d")
+        second = SecondMoment(model, d, batch, label_noise)
+    return model, start, second
+
+
 def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=None,
                  project: bool = True, joint_c: bool = False, eta_c=None, prox: float = 0.0,
                  corrected: bool = False, d: int | None = None, batch: int = 1,
@@ -549,16 +566,11 @@ def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=Non
     """
     from .ode import check_steps
 
-    if model is None:
-        model = FinetuneModel(instance, eta, project=project, joint_c=joint_c, eta_c=eta_c,
-                              prox=prox)
     ck = check_steps(steps, integer=False)
-    p0, mu0, ch0 = _start(model, m0, mu0, p0, c_hat0)
-    second = None
-    if corrected:
-        if d is None:
-            raise ValueError("the finite-d corrected ODE needs the dimension d")
-        second = SecondMoment(model, d, batch, label_noise)
+    model, (p0, mu0, ch0), second = _setup(
+        instance, eta, model, (m0, mu0, p0, c_hat0), project=project, joint_c=joint_c,
+        eta_c=eta_c, prox=prox, corrected=corrected, d=d, batch=batch,
+        label_noise=label_noise)
     runs, k, cps = mu0.size, model.k, ck.size
     out_p, out_mu = np.empty((runs, cps, k)), np.empty((runs, cps))
     out_c = np.empty((runs, cps, k))
@@ -653,18 +665,13 @@ def finetune_steps_to_reach(instance, eta, level, *, m0=None, mu0=None, p0=None,
     within ``max_steps``: a fixed point short of the level, or a level ≥ what û can reach).
     Plain ODE: DOP853 with an event; ``corrected``: the fixed-step RK4 of
     :func:`finetune_ode`, the crossing interpolated linearly within its step."""
-    if model is None:
-        model = FinetuneModel(instance, eta, project=project, joint_c=joint_c, eta_c=eta_c,
-                              prox=prox)
     level = float(level)
     if not math.isfinite(level) or level <= 0.0:
         raise ValueError(f"level must be a number > 0, got {level:g}")
-    p0, mu0, ch0 = _start(model, m0, mu0, p0, c_hat0)
-    second = None
-    if corrected:
-        if d is None:
-            raise ValueError("the finite-d corrected ODE needs the dimension d")
-        second = SecondMoment(model, d, batch, label_noise)
+    model, (p0, mu0, ch0), second = _setup(
+        instance, eta, model, (m0, mu0, p0, c_hat0), project=project, joint_c=joint_c,
+        eta_c=eta_c, prox=prox, corrected=corrected, d=d, batch=batch,
+        label_noise=label_noise)
     out = np.empty(mu0.size)
     for r in range(mu0.size):
         p, mu, ch = p0[r:r + 1], mu0[r:r + 1], ch0[r:r + 1]

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import dense_rows
 
 import hermite
 from dynamics.config import ConfigError, RunConfig
@@ -31,13 +32,7 @@ def _instance(activation="relu", k=3, d=10, **kw):
 
 def _full_rows(inst):
     """(W (k, d), V (k, d), u (d,)) in the canonical frame, numpy."""
-    k, d = inst.k, inst.d
-    w = np.zeros((k, d))
-    w[:, :k] = inst.w_factor
-    u = np.zeros(d)
-    u[:k], u[k] = inst.u_w, inst.u_perp
-    v = w + inst.xi * inst.c[:, None] * u
-    return w, v / np.linalg.norm(v, axis=1, keepdims=True), u
+    return dense_rows(inst)
 
 
 def _numpy_residuals(inst, x):

@@ -38,7 +38,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from helpers import assert_close
+from helpers import assert_close, dense_rows
 
 from dynamics import sphere, stiefel
 from dynamics.budget import estimate
@@ -379,15 +379,9 @@ def _check_gradients_and_step(config: RunConfig) -> None:
 
 
 def _dense_teacher(inst):
-    """(W (k, d), V (k, d)) rows of the base network and of the teacher, written out from the
-    paper's model (eq. 3: vᵢ = (wᵢ + ξcᵢu)/‖wᵢ + ξcᵢu‖), numpy."""
-    k, d = inst.k, inst.d
-    w = np.zeros((k, d))
-    w[:, :k] = inst.w_factor
-    u = np.zeros(d)
-    u[:k], u[k] = inst.u_w, inst.u_perp
-    v = w + inst.xi * inst.c[:, None] * u
-    return w, v / np.linalg.norm(v, axis=1, keepdims=True)
+    """(W (k, d), V (k, d)) rows of the base network and of the teacher (paper's eq. 3)."""
+    w, v, _ = dense_rows(inst)
+    return w, v
 
 
 def _stein_statistic(inst, x, eps, noise_sd: float, order: int):

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import dense_rows
 
 from dynamics import refit
 from dynamics.config import ConfigError, RunConfig
@@ -28,13 +29,8 @@ def _instance(activation="relu", k=3, d=9, **kw):
 
 def _full_frame(inst):
     """(W (k, d), V (k, d)) in the canonical frame."""
-    k, d = inst.k, inst.d
-    w = np.zeros((k, d))
-    w[:, :k] = inst.w_factor
-    u = np.zeros(d)
-    u[:k], u[k] = inst.u_w, inst.u_perp
-    v = w + inst.xi * inst.c[:, None] * u
-    return w, v / np.linalg.norm(v, axis=1, keepdims=True)
+    w, v, _ = dense_rows(inst)
+    return w, v
 
 
 def _full_features(inst, u_hat):

@@ -86,6 +86,17 @@ def _corr(C):
     return np.clip(C[..., 0, 1] / norm, -1.0, 1.0), norm
 
 
+
+def _pair_groups(pairs, nz) -> dict:
+    """The pairs (k, l) of the η² integral grouped by (outer fields, other fields with e ≠ 0):
+    (n_outer, n_rest) → [(pair index, the fields in order: outer, then the rest)]."""
+    groups: dict = {}
+    for i, (k, l) in enumerate(pairs):
+        outer = (int(k),) if k == l else (int(k), int(l))
+        rest = tuple(int(c) for c in nz if c not in outer)
+        groups.setdefault((len(outer), len(rest)), []).append((i, outer + rest))
+    return groups
+
 class CommitteeIntegrals:
     """I2, J2, P2, I3, I4 of one activation on batches of covariance matrices (…, n, n).
 
@@ -270,11 +281,7 @@ class CommitteeIntegrals:
         """One nested quadrature over all fields with e ≠ 0 (and x_k, x_l) per pair: factors
         g′(x_k)g′(x_l) (g′² for k = l) times (Σ_c coef_c g(x_c))² at the node."""
         out = np.empty(len(pairs))
-        groups: dict = {}
-        for i, (k, l) in enumerate(pairs):
-            outer = (int(k),) if k == l else (int(k), int(l))
-            rest = tuple(int(c) for c in nz if c not in outer)
-            groups.setdefault((len(outer), len(rest)), []).append((i, outer + rest))
+        groups = _pair_groups(pairs, nz)
         for (n_outer, _), members in groups.items():
             idx = np.array([m[1] for m in members])
             outer = (self._dg2.fn,) if n_outer == 1 else (self._dg.fn, self._dg.fn)
@@ -294,11 +301,7 @@ class CommitteeIntegrals:
 
     def _gprime_e2_nested(self, C, coef, pairs, nz, compiled=True):
         out = np.empty(len(pairs))
-        groups: dict = {}
-        for i, (k, l) in enumerate(pairs):
-            outer = (int(k),) if k == l else (int(k), int(l))
-            rest = tuple(int(c) for c in nz if c not in outer)
-            groups.setdefault((len(outer), len(rest)), []).append((i, outer + rest))
+        groups = _pair_groups(pairs, nz)
         inner = nested.e2_inner(self._pair, self._square)
         for (n_outer, _), members in groups.items():
             idx = np.array([m[1] for m in members])

@@ -48,20 +48,14 @@ def check_instance_seeds(config, where: str = "instance spec") -> None:
                          f"{seed}{extra}")
 
 
-def eta_warning(config, option: str = "--eta", instances=None) -> str | None:
-    """The one-line warning for an η above the stability limit of the instances
-    (``Learner.step_limit``: finetune on unit-row instances, where the theory applies; every
-    ξ of ``xi_values``), or None. ``instances``: the runs' distinct resolved instances
-    (default: the spec's with each ξ, built here)."""
+def eta_warning(config, instances, option: str = "--eta") -> str | None:
+    """The one-line warning for an η above the stability limit of the runs' distinct resolved
+    ``instances`` (``Learner.step_limit``: finetune on unit-row instances, where the theory
+    applies; every ξ of ``xi_values``), or None."""
     try:
-        from dynamics.instance import build_instance
         from dynamics.learners import get_learner
 
         learner = get_learner(config.learner)
-        if instances is None:
-            instances = [build_instance(dict(config.instance) if xi is None
-                                        else dict(config.instance, xi=xi))
-                         for xi in (config.xi_values or [None])]
         worst = None
         for inst in instances:
             lim = learner.step_limit(config, inst)
@@ -80,18 +74,17 @@ def check_run_outputs(spec, out, plot=None, force: bool = False) -> None:
                   [Input("SPEC", spec)], force=force)
 
 
-def preflight(spec, config, *, out, plot=None, force: bool = False,
-              names: dict | None = None, instance=None):
-    """Every check of ``loradyn run`` before it simulates (module docstring), on the run
-    resolved once here (:func:`dynamics.resolve.resolve_run`: validation, instances, engine,
-    memory; ``instance``: the spec's, if built already), which it returns for the engine.
-    Warnings are printed; problems raise a one-line ValueError naming the option."""
+def preflight(config, *, names: dict | None = None, instance=None):
+    """The checks of ``loradyn run`` on its config before it simulates (module docstring;
+    the outputs are checked first, :func:`check_run_outputs`), on the run resolved once here
+    (:func:`dynamics.resolve.resolve_run`: validation, instances, engine, memory;
+    ``instance``: the spec's, if built already), which it returns for the engine. Warnings
+    are printed; problems raise a one-line ValueError naming the option."""
     from dynamics.resolve import resolve_run
 
     check_instance_seeds(config)
     resolved = resolve_run(config, instance=instance, names=names or RUN_NAMES)
-    check_run_outputs(spec, out, plot, force)
-    message = eta_warning(config, instances=resolved.instances)
+    message = eta_warning(config, resolved.instances)
     if message:
         warn(message)
     return resolved

@@ -14,6 +14,7 @@ import click
 import numpy as np
 
 from dynamics.learners.given_rows import given_rows
+from dynamics.learners.options import low_rank_variant
 from sims.commands.learner_flags import option_flags
 
 __all__ = ["hermite"]
@@ -201,15 +202,7 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, joi
                                  target_eps, joint_c, project, eta_c, prox, as_json)
     if eta_c is not None or prox:
         raise ValueError("--eta-c and --prox act on ĉ: they need --joint-c")
-    sign = th.h0_sign(inst) or 1
-    if m0_values:
-        m0 = np.asarray(m0_values, dtype=float)
-    else:
-        m0 = np.array([sign / math.sqrt(inst.d) if inst.d else 0.01 * sign])
-    for v in m0:
-        if not abs(v) <= inst.u_perp:
-            raise ValueError(f"m0 must lie in [-u_perp, u_perp] = [{-inst.u_perp:.6g}, "
-                             f"{inst.u_perp:.6g}], got {v:g}")
+    m0 = _start_overlaps(m0_values, inst, lambda: th.h0_sign(inst) or 1)
     ck = _checkpoints(steps, checkpoints)
     table = th.HTable.for_instance(inst)
     from hermite.stability import step_limit
@@ -284,6 +277,21 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, joi
     _emit(payload, as_json, human)
 
 
+def _start_overlaps(m0_values, inst, sign, what: str = "") -> np.ndarray:
+    """The starting overlaps of ``hermite ode``: the given ``--m0`` values, or one start at
+    sign()·d^{−1/2} (0.01·sign() without d); each must lie in [−u_perp, u_perp]."""
+    if m0_values:
+        m0 = np.asarray(m0_values, dtype=float)
+    else:
+        s = sign()
+        m0 = np.array([s / math.sqrt(inst.d) if inst.d else 0.01 * s])
+    for v in m0:
+        if not abs(v) <= inst.u_perp:
+            raise ValueError(f"m0 must lie in [-u_perp, u_perp] = [{-inst.u_perp:.6g}, "
+                             f"{inst.u_perp:.6g}]{what}, got {v:g}")
+    return m0
+
+
 def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, target_eps,
                       joint_c, project, eta_c, prox, as_json):
     """``loradyn hermite ode`` beyond the projected/frozen/unit case: the population ODE of
@@ -298,22 +306,16 @@ def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, t
         raise ValueError("--corrected needs key 'd' in the instance spec")
     model = th.FinetuneModel(inst, eta, project=project, joint_c=joint_c, eta_c=eta_c,
                              prox=prox)
-    if m0_values:
-        m0 = np.asarray(m0_values, dtype=float)
-    else:  # the side the flow leaves m = 0 to
+    def sign():  # the side the flow leaves m = 0 to
         _, b, _ = model.gradient(None, np.zeros(1), inst.c_hat[None, :])
-        sign = int(np.sign(-b[0])) or 1
-        m0 = np.array([sign / math.sqrt(inst.d) if inst.d else 0.01 * sign])
-    for v in m0:
-        if not abs(v) <= inst.u_perp:
-            raise ValueError(f"m0 must lie in [-u_perp, u_perp] = [{-inst.u_perp:.6g}, "
-                             f"{inst.u_perp:.6g}] (a start with û ⊥ span W), got {v:g}")
+        return int(np.sign(-b[0])) or 1
+
+    m0 = _start_overlaps(m0_values, inst, sign, " (a start with û ⊥ span W)")
     ck = _checkpoints(steps, checkpoints)
     sol = th.finetune_ode(inst, eta, ck, m0=m0, model=model)
     reach = {f"{lv:g}": [_finite_or_none(v) for v in th.finetune_steps_to_reach(
         inst, eta, lv, m0=m0, model=model)] for lv in LEVELS}
-    variant = ("projected" if project else "unprojected") + (", joint ĉ" if joint_c
-                                                              else ", frozen ĉ")
+    variant = low_rank_variant({"project": project, "joint_c": joint_c})
     payload = {"eta": eta, "eta_c": model.eta_c if joint_c else None, "prox": prox,
                "variant": variant, "convention": inst.convention, "u_alpha": inst.u_alpha,
                "u_perp": inst.u_perp, "ode": sol.kind, "steps": ck.tolist(),

@@ -247,8 +247,7 @@ def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, 
             xi_values=list(xi_values) or None, instance_seeds=instance_seeds, dtype=dtype,
             device=device, engine=engine, streams=streams, finite_d_theory=finite_d_theory,
             **options)
-        resolved = preflight(spec, config, out=out, plot=plot, force=force,
-                             instance=base)  # before any compute; validated there already
+        resolved = preflight(config, instance=base)  # validated there, before any compute
     except SpecError as exc:
         _name_override(exc, given)
         raise
