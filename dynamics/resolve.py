@@ -62,5 +62,5 @@ def resolve_run(config: RunConfig, *, instance: Instance | None = None,
     learner = get_learner(config.learner)
     engine = choose_engine(config)
     memory = check_memory(config, names, engine=engine)
-    return ResolvedRun(config, instances, index, learner, learner.width(config, instance.k),
+    return ResolvedRun(config, instances, index, learner, learner.neurons(config, instance.k),
                        engine, memory)

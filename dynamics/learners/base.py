@@ -28,7 +28,7 @@ switches on a learner's name):
 * ``exact_chain()``: its exact reduced chain (:class:`dynamics.reduced.exact_chain.ExactChain`)
   or None;
 * ``memory(config, d, k)``: the numbers it holds per run (:class:`Memory`;
-  ``dynamics.budget``), ``width(config, k)`` its number of student neurons and
+  ``dynamics.budget``), ``neurons(config, k)`` its number of student neurons and
   ``given_rows(config)`` the rows file it starts from (or None);
 * ``takes_step_size``, ``has_population_ode``, ``committee_loss`` (network learners: the
   loss of the committee ODE beside their curves, else None), ``diagonal_alignment``;
@@ -127,7 +127,7 @@ class Learner:
         return getattr(importlib.import_module(module), name)()
 
     @classmethod
-    def width(cls, config, k: int) -> int:
+    def neurons(cls, config, k: int) -> int:
         """Student neurons (k: the base network's; network learners: k′)."""
         return k
 

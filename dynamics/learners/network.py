@@ -227,14 +227,14 @@ class NetworkLearner(Learner):
     committee_loss = SQUARED
 
     @classmethod
-    def width(cls, config, k: int) -> int:
+    def neurons(cls, config, k: int) -> int:
         return student_width(config, k)
 
     @classmethod
     def memory(cls, config, d: int, k: int) -> Memory:
         """k′ rows of d and λ̂ (k′); records the cross (k×k′) and Gram (k′×k′) overlaps and
         λ̂; prepares the k′ fields and their derivatives per example."""
-        width = cls.width(config, k)
+        width = cls.neurons(config, k)
         return Memory(state=width * d + width, records=k * width + width * width + width,
                       prepared=2 * max(k, width) + 4)
 
