@@ -48,8 +48,9 @@ class Trajectory:
     band_lower, band_upper : (R, C) 10% and 90% quantiles of the linear-noise theory band of
         the run's instance group (``hermite.theory_band``), or None.
     m0 : (R,) initial overlap ⟨û₀, u⟩ of each run (the ODE's starting point), if known.
-    extra_attrs : ``extra`` name → attributes written on that HDF5 dataset (how a theory
-        extra was computed, e.g. the committee ODE's ``order``).
+    extra_attrs : ``extra`` name (or a theory field's, e.g. ``ode``) → attributes written on
+        that HDF5 dataset (how a theory curve was computed: the committee ODE's ``order``,
+        a ``note`` saying which ODE it is and what it leaves out).
     instances : the resolved instance of every run (length R) when the trajectory comes
         from an engine (the writer stores them with the config; not read back from files).
     """

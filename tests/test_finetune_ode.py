@@ -327,7 +327,7 @@ def test_every_finetune_run_records_the_ode_from_its_start(kw):
         np.testing.assert_allclose(tr.extra["ode_c_overlap"], sol.c_overlap, atol=1e-7)
         np.testing.assert_allclose(tr.extra["ode_c_overlap"][:, 0], tr.c_overlap[:, 0],
                                    atol=1e-12)
-        assert "plain population ODE" in tr.extra_attrs["ode_c_overlap"]["note"]
+        assert "plain O(η) population ODE" in tr.extra_attrs["ode_c_overlap"]["note"]
     else:
         assert "ode_c_overlap" not in tr.extra
 

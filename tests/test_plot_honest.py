@@ -101,8 +101,8 @@ def test_joint_c_figure_and_stderr_say_why_there_is_no_theory(tmp_path, capsys):
     traj = synthetic([1.0] * 4, ode=False, c_overlap=np.full((4, 4), 0.5))
     config = FINETUNE | {"joint_c": True}
     fig, notes = run_figure(traj, "title", config=config)
-    want = "no theory line: ĉ is trained jointly (joint ĉ): the population ODE holds for " \
-           "frozen ĉ only"
+    want = ("no theory line: joint ĉ: the file records no population ODE (it predates "
+            "hermite.finetune_population; a run made now records it)")
     assert notes == [want]
     assert want in " ".join(t.replace("\n", " ") for t in legend_texts(fig))
     assert not [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == "--"]
@@ -113,8 +113,8 @@ def test_joint_c_figure_and_stderr_say_why_there_is_no_theory(tmp_path, capsys):
 
 @pytest.mark.parametrize("config, extra, expected", [
     (FINETUNE | {"instance": INSTANCE | {"convention": "appB"}}, {},
-     "App. B convention appB: its rows are not unit vectors"),
-    (FINETUNE | {"project": False}, {}, "unprojected learner"),
+     "App. B convention appB: the file records no population ODE"),
+    (FINETUNE | {"project": False}, {}, "unprojected û: the file records no population ODE"),
     (FINETUNE | {"learner": "moment"}, {}, "the moment learner has no population ODE"),
     (FINETUNE, {}, "the file records no finite theory value"),
 ])
@@ -148,6 +148,27 @@ def test_cli_run_and_plot_name_the_missing_theory(runner):
     res = runner.invoke(cli, ["plot", "j.h5", "--out", "p.png"])
     assert res.exit_code == 0, res.output
     assert "note: no theory line: the moment learner has no population ODE" in res.output
+
+
+def test_a_plain_ode_says_what_it_leaves_out_in_the_file_the_legend_and_stderr(runner):
+    """A fine-tuning run records the plain O(η) ODE with a note naming the O(η²d) drift it
+    drops and the run's η·d; the note is read back and printed beside the drawn line."""
+    from sims.io import read_trajectory
+
+    fast = ["--steps", "200", "--runs", "4", "--checkpoints", "8"]
+    res = runner.invoke(cli, ["run", "spec.toml", *fast, "--joint-c", "--out", "j.h5",
+                              "--plot", "j.png"])
+    assert res.exit_code == 0, res.output
+    traj, meta = read_trajectory("j.h5")
+    assert np.isfinite(traj.ode).all()
+    note = traj.extra_attrs["ode"]["note"]
+    assert "drops the O(η²d) finite-d drift" in note
+    cfg = meta["config"]
+    assert note.endswith(f"(here η·d = {cfg['eta'] * cfg['instance']['d']:.3g})")
+    assert f"note: theory line: {note}" in res.output
+    res = runner.invoke(cli, ["plot", "j.h5", "--out", "p.png"])
+    assert res.exit_code == 0, res.output
+    assert "note: theory line:" in res.output and "O(η²d)" in res.output
 
 
 # ---------------------------------------------------------------- 3. α = steps/d

@@ -232,6 +232,8 @@ def write_trajectory(path, traj: Trajectory, config, instances=None, *,
                 data = _dataset_value(traj, name, index)
                 if data is not None:
                     write_array(f, name, data)
+                    for key, val in traj.extra_attrs.get(name, {}).items():
+                        f[name].attrs[key] = val  # e.g. which ODE ``ode`` is (its note)
             for name, (runs, step) in blowups(traj).items():
                 f[name].attrs["blowup_runs"] = runs
                 f[name].attrs["blowup_step"] = step
@@ -331,6 +333,8 @@ def read_trajectory(path) -> tuple[Trajectory, dict]:
         extra = ({n: read_dataset(path, f["extra"], n) for n in f["extra"]}
                  if "extra" in f else {})
         extra_attrs = {n: a for n in extra if (a := plain_attrs(f["extra"][n]))}
+        extra_attrs |= {n: {"note": plain_attrs(f[n])["note"]} for n in DATASETS
+                        if n in f and "note" in f[n].attrs}
     meta["datasets"] = {n: list(a.shape) for n, a in arrays.items()}
     traj = Trajectory(
         steps=arrays["steps"], overlap=arrays["overlap"], loss=arrays["loss"],

@@ -601,13 +601,13 @@ def no_theory_reason(curve: Curve, quantity: str = "overlap") -> str | None:
         return "the file records no committee ODE"
     if quantity == "loss":
         return f"no theory of the loss is recorded for the {learner or 'fine-tuning'} learner"
-    if inst.get("convention", "unit") != "unit":
-        return (f"App. B convention {inst['convention']}: its rows are not unit vectors, so no "
-                "Hermite theory (population ODE) applies")
-    if cfg.get("joint_c", traj.c_overlap is not None):
-        return "ĉ is trained jointly (joint ĉ): the population ODE holds for frozen ĉ only"
-    if cfg.get("project") is False:
-        return "unprojected learner: the population ODE holds for the projected learner only"
+    regime = ([f"App. B convention {inst['convention']}"]
+              if inst.get("convention", "unit") != "unit" else [])
+    regime += ["joint ĉ"] if cfg.get("joint_c", traj.c_overlap is not None) else []
+    regime += ["unprojected û"] if cfg.get("project") is False else []
+    if regime:
+        return (f"{', '.join(regime)}: the file records no population ODE (it predates "
+                "hermite.finetune_population; a run made now records it)")
     if learner and not _has_population_ode(learner):
         return f"the {learner} learner has no population ODE"
     if traj.diverged.all():
@@ -625,10 +625,27 @@ def _has_population_ode(learner: str) -> bool:
         return True
 
 
+def _drawn_theory_notes(curves, quantity: str) -> list[str]:
+    """``theory line: NOTE`` for every drawn theory curve whose dataset says what it is and
+    what it leaves out (a ``note`` attribute: the plain O(η) ODE of fine-tuning, a
+    first-order committee ODE, the linearized model's mean-drift ODE), once each."""
+    out = []
+    for c in curves:
+        for source in THEORY.get(quantity, ()):
+            name = source.removeprefix("extra:")
+            note = c.traj.extra_attrs.get(name, {}).get("note")
+            values = _source(c.traj, source)
+            drawn = values is not None and np.isfinite(np.asarray(values, dtype=float)).any()
+            if note and drawn and f"theory line: {note}" not in out:
+                out.append(f"theory line: {note}")
+    return out
+
+
 def theory_notes(curves, quantity: str = "overlap", label_keys=None) -> list[str]:
     """One line per reason why curves holding ``quantity`` have no theory line:
     ``no theory line: REASON``, or ``no theory line for A; B: REASON`` where only some
-    curves (named by ``label_keys``, default: the attributes that vary) lack one."""
+    curves (named by ``label_keys``, default: the attributes that vary) lack one; then what
+    each drawn theory line leaves out, where its file says so (:func:`_drawn_theory_notes`)."""
     keys = legend_keys(curves) if label_keys is None else label_keys
     have = [c for c in curves if quantity_values(c, quantity) is not None]
     by_reason: dict[str, list[Curve]] = {}
@@ -643,7 +660,7 @@ def theory_notes(curves, quantity: str = "overlap", label_keys=None) -> list[str
             out.append(f"no theory line: {reason}")
         else:
             out.append(f"no theory line for {names}: {reason}")
-    return out
+    return out + _drawn_theory_notes(have, quantity)
 
 
 def legend(ax, handles=None, style="band", theory=(), notes=(), **kwargs):

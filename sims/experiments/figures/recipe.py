@@ -12,7 +12,8 @@ _DRAWS = ("wᵢ i.i.d. uniform on S^{d−1} (W = separated), c and ĉ i.i.d. uni
           "S^{k−1} (gaussian), λ = 1")
 CONVENTION = ("theory's unit-row model (docs/model.md): vᵢ = (wᵢ + ξcᵢu)/‖wᵢ + ξcᵢu‖, "
               + _DRAWS + "; not App. B's (1/ξ)·k/(k+ξ²) scaling")
-_APPB = ("; rows are not unit vectors, so there is no ODE / Hermite theory: the loss is a "
+_APPB = ("; rows are not unit vectors: the dashed line is the plain O(η) population ODE "
+         "of these rows (hermite.finetune_population, no finite-d correction), the loss is a "
          "Monte Carlo estimate and the finetune learner runs on the full engine. η is the "
          "recipe's, tuned for unit rows: to first order (∂f/∂u = s Σᵢ cᵢσ′ x against "
          "ξΣᵢ cᵢσ′ x/Nᵢ) the drift of û at equal η is slower than with unit rows by ")
