@@ -108,10 +108,10 @@ def test_the_registry_answers_from_the_declarations():
     with pytest.raises(ValueError, match="no learner learns"):
         default_learner("nobody")
     chains = {cls.name for cls in learner_classes() if cls.exact_chain() is not None}
-    assert chains == {"finetune", "glm", "lora"}
+    assert chains == {"finetune", "glm", "lora", "scratch", "scratch-csq", "sparse"}
     spec = dict(activation="relu", k=3, d=20, xi=1.0)
-    ok, why = reduced_supported(RunConfig(spec, learner="scratch"))
-    assert not ok and "'scratch' has no exact finite-state reduction" in why
+    ok, why = reduced_supported(RunConfig(spec, learner="moment"))
+    assert not ok and "'moment' has no exact finite-state reduction" in why
     assert all(repr(n) in why for n in sorted(chains))
     # App. B conventions: who runs them comes from Learner.conventions
     with pytest.raises(ConfigError, match="supported by 'finetune' only"):

@@ -175,7 +175,8 @@ def test_appB_caption_replaces_the_convention_sentence():
         for convention in APPB:
             text = convention_caption(recipe.caption, convention)
             assert "unit-row" not in text and text.startswith(recipe.caption[:40])
-            assert f"convention = {convention}" in text and "plain O(η) population ODE of these rows" in text
+            assert f"convention = {convention}" in text
+            assert "plain O(η) population ODE of these rows" in text
         assert "vᵢ = k/(k+ξ²)·(wᵢ + ξcᵢu)" in convention_caption(recipe.caption, "appB")
         assert "√(k/(k+ξ²))" in convention_caption(recipe.caption, "appB-sqrt")
 

@@ -215,6 +215,26 @@ def alignment(cross: np.ndarray, diagonal: bool, gram: np.ndarray | None = None,
     return np.abs(cross).max(-1).mean(-1)
 
 
+def bartlett_factor(rng: np.random.Generator, n: int, dof: int) -> np.ndarray:
+    """(n, n) lower-triangular L with Lⱼⱼ² ~ χ²_{dof−j} and N(0, 1) below the diagonal: the
+    L of an n × dof standard Gaussian matrix G = L Qᵀ (Bartlett), so LLᵀ ~ GGᵀ (Wishart)."""
+    out = np.tril(rng.standard_normal((n, n)), -1)
+    out[np.diag_indices(n)] = np.sqrt(rng.chisquare(dof - np.arange(n)))
+    return out
+
+
+def lq_factor(rows: np.ndarray, width: int) -> np.ndarray:
+    """(k′, width) coordinates of ``rows`` (k′ × n) in an orthonormal basis of a space holding
+    them, with the same Gram: the L of rows = L Qᵀ, zero-padded (n may be < ``width``)."""
+    rows = np.asarray(rows, dtype=np.float64)
+    out = np.zeros((rows.shape[0], width))
+    if rows.shape[1] == 0:
+        return out
+    _q, r = np.linalg.qr(rows.T, mode="reduced")  # rows.T = Q R, so rows = Rᵀ Qᵀ
+    out[:, : r.shape[0]] = r.T
+    return out
+
+
 class NetworkLearner(Learner):
     """Spherical online SGD of a unit-row two-layer network (module docstring: formulas).
 
@@ -225,6 +245,8 @@ class NetworkLearner(Learner):
     loss_name = SQUARED
     family = "network"
     committee_loss = SQUARED
+    # the exact overlap chain (P, ZZᵀ, λ̂) at any d (:mod:`dynamics.reduced.network_chain`)
+    chain = ("dynamics.reduced.network_simulate", "NetworkChain")
 
     @classmethod
     def neurons(cls, config, k: int) -> int:
@@ -313,11 +335,17 @@ class NetworkLearner(Learner):
         rows, lam_hat = self.initial_arrays(config, instances)
         state = NetworkState(self._tensor(rows), self._tensor(lam_hat), 0)
         obs = self.observe(state)
-        return state, alignment(obs["cross"], self.diagonal_alignment)
+        return state, self.alignment_of(obs["cross"][:, None], obs["gram"][:, None],
+                                        instances)[:, 0]
 
     def initial_arrays(self, config, instances) -> tuple[np.ndarray, np.ndarray]:
         """Initial rows (R, k′, d) and λ̂ (R, k′), float64: defined by each learner."""
         raise NotImplementedError(f"{type(self).__name__} defines no initial state")
+
+    def chain_start(self, config, instances, t: int, storage: int):
+        """The start in the exact chain's coordinates: P (R, k′, t), Z (R, k′, storage), λ̂
+        (R, k′) (``dynamics.reduced.network_chain`` (N6)); defined by each learner."""
+        raise NotImplementedError(f"{type(self).__name__} defines no chain start")
 
     # ------------------------------------------------------------------ gradients
     def prepare(self, state: NetworkState, x: torch.Tensor, eps: torch.Tensor | None = None,
@@ -443,7 +471,7 @@ class NetworkLearner(Learner):
         state.rows.div_(torch.where(self.mask, norms, torch.ones_like(norms))[..., None])
 
     # ------------------------------------------------------------------ observables
-    def _teacher_rows(self) -> torch.Tensor:
+    def teacher_rows(self) -> torch.Tensor:
         """(R, k, k+1) teacher rows vᵢ (canonical frame, first k+1 coordinates): unit, or a
         committee teacher's rows as they are."""
         if self._vrows is None:
@@ -461,13 +489,21 @@ class NetworkLearner(Learner):
     def observe(self, state: NetworkState) -> dict:
         """cross ⟨vᵢ, ŵⱼ⟩ (R, k, k′), student Gram (R, k′, k′), λ̂ (R, k′)."""
         rows = state.rows
-        cross = torch.bmm(self._teacher_rows(), rows[..., : self.k + 1].transpose(1, 2))
+        cross = torch.bmm(self.teacher_rows(), rows[..., : self.k + 1].transpose(1, 2))
         gram = torch.bmm(rows, rows.transpose(1, 2))
 
         def host(t):
             return t.double().cpu().numpy().copy()
 
         return {"cross": host(cross), "gram": host(gram), "lam_hat": host(state.lam_hat)}
+
+    def alignment_of(self, cross: np.ndarray, gram: np.ndarray, instances) -> np.ndarray:
+        """(R, C) alignment (:func:`alignment`) of the records cross (R, C, k, k′) and Gram
+        (R, C, k′, k′): cosines through the norms unless rows and teacher rows are unit."""
+        if not self.free and not instances[0].committee:
+            return alignment(cross, self.diagonal_alignment)
+        return alignment(cross, self.diagonal_alignment, gram,
+                         np.stack([i.teacher_gram() for i in instances]))
 
     def trajectory(self, result: RunResult):
         """Exact loss and alignment (also ``extra['alignment']``) at every checkpoint, and the
@@ -479,11 +515,7 @@ class NetworkLearner(Learner):
         insts = result.instances
         unit = not self.free and not insts[0].committee
         loss = exact_loss(insts, rec["cross"], rec["gram"], rec["lam_hat"], unit=unit)
-        if unit:
-            align = alignment(rec["cross"], self.diagonal_alignment)
-        else:
-            align = alignment(rec["cross"], self.diagonal_alignment, rec["gram"],
-                              np.stack([i.teacher_gram() for i in insts]))
+        align = self.alignment_of(rec["cross"], rec["gram"], insts)
         extra = {"alignment": align}
         if self.train_second_layer:
             extra["lam_hat"] = rec["lam_hat"]
@@ -516,33 +548,69 @@ class _FromScratch(NetworkLearner):
     def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
         return f"{config.get('rows', 'unit')} rows"
 
+    def _given_rows(self, config, instances):
+        """r → the given rows (k′, d) of run r in the canonical frame, or None (random rows);
+        records their provenance in ``self.given``."""
+        if config.options.init_rows is None:
+            return None
+        given = given_rows(config.options.init_rows)
+        frame = resolve_frame(config.options.init_frame, instances[0])
+        w = config.instance["W"] if frame == "original" else None
+        shared = None if given.per_run else canonical_rows(given.array, w)
+        self.given = (given, frame)  # provenance of the rows actually used
+        return lambda r: shared if shared is not None else canonical_rows(given.for_run(r), w)
+
+    def _lam_hat0(self, inst, rng) -> np.ndarray:
+        """λ̂₀: λ (k′ = k); λ₁·1 (equal λᵢ, fixed λ̂, any width); else N(0, 1/k′) from ``rng``."""
+        if self.width == inst.k:
+            return np.asarray(inst.lam, dtype=float)
+        if not self.train_second_layer:  # equal λᵢ (checked): λ̂ = λ₁·1, any width
+            return np.full(self.width, float(inst.lam[0]))
+        return rng.standard_normal(self.width) / math.sqrt(self.width)
+
     def initial_arrays(self, config, instances) -> tuple[np.ndarray, np.ndarray]:
         d, width = instances[0].d, self.width
         rows = np.empty((len(instances), width, d))
         lam_hat = np.empty((len(instances), width))
-        given = None if config.options.init_rows is None else given_rows(config.options.init_rows)
-        if given is not None:
-            frame = resolve_frame(config.options.init_frame, instances[0])
-            w = config.instance["W"] if frame == "original" else None
-            shared = None if given.per_run else canonical_rows(given.array, w)
-            self.given = (given, frame)  # provenance of the rows actually used
+        given = self._given_rows(config, instances)
         for r, inst in enumerate(instances):
             rng = np.random.default_rng(run_seed(config.seed, r, "init"))
             if given is not None:
-                rows[r] = shared if shared is not None else canonical_rows(given.for_run(r), w)
+                rows[r] = given(r)
             elif self.free:
                 rows[r] = rng.standard_normal((width, d)) * (self.init_scale / math.sqrt(d))
             else:
                 rows[r] = rng.standard_normal((width, d))
             if not self.free:
                 rows[r] /= np.linalg.norm(rows[r], axis=1, keepdims=True)
-            if width == inst.k:
-                lam_hat[r] = inst.lam
-            elif not self.train_second_layer:  # equal λᵢ (checked): λ̂ = λ₁·1, any width
-                lam_hat[r] = inst.lam[0]
-            else:
-                lam_hat[r] = rng.standard_normal(width) / math.sqrt(width)
+            lam_hat[r] = self._lam_hat0(inst, rng)
         return rows, lam_hat
+
+    def chain_start(self, config, instances, t: int, storage: int):
+        """The same start law in the exact chain's coordinates (``dynamics.reduced.
+        network_chain`` (N6)): random rows' parts outside the first t coordinates by their
+        Bartlett factor (Wishart_{k′}(d − t) Gram), given rows by the L factor of theirs."""
+        runs, width, d = len(instances), self.width, instances[0].d
+        P, Z = np.empty((runs, width, t)), np.zeros((runs, width, storage))
+        lam_hat = np.empty((runs, width))
+        given = self._given_rows(config, instances)
+        for r, inst in enumerate(instances):
+            rng = np.random.default_rng(run_seed(config.seed, r, "init"))
+            if given is not None:
+                rows = given(r)
+                P[r], Z[r] = rows[:, :t], lq_factor(rows[:, t:], storage)
+            else:
+                P[r] = rng.standard_normal((width, t))
+                Z[r, :, :width] = bartlett_factor(rng, width, d - t)
+                if self.free:
+                    P[r] *= self.init_scale / math.sqrt(d)
+                    Z[r] *= self.init_scale / math.sqrt(d)
+            if not self.free:
+                norms = np.sqrt((P[r] ** 2).sum(1) + (Z[r] ** 2).sum(1))[:, None]
+                P[r] /= norms
+                Z[r] /= norms
+            lam_hat[r] = self._lam_hat0(inst, rng)
+        return P, Z, lam_hat
 
 
 class Scratch(_FromScratch):
@@ -597,6 +665,15 @@ class Sparse(NetworkLearner):
         for r in range(problem.runs):
             mask[r, torch.as_tensor(sparse_selection(config, lam[r], problem.d, r))] = True
         return cls(problem, **cls.init_kwargs(config, problem), mask=mask)
+
+    def chain_start(self, config, instances, t: int, storage: int):
+        """W's rows in the chain's coordinates: P = [L, 0], nothing outside (Z = 0)."""
+        inst0 = instances[0]
+        P = np.zeros((len(instances), inst0.k, t))
+        for r, inst in enumerate(instances):
+            P[r, :, : inst.k] = inst.w_factor
+        lam = np.stack([inst.lam for inst in instances]).astype(float)
+        return P, np.zeros((len(instances), inst0.k, storage)), lam
 
     def initial_arrays(self, config, instances) -> tuple[np.ndarray, np.ndarray]:
         inst0 = instances[0]

@@ -1,0 +1,416 @@
+r"""The exact overlap chain of the network learners (``scratch``, ``scratch-csq``, ``sparse``):
+their law at any d for a cost per step independent of d.
+
+Derivation (from the full step of ``dynamics.learners.network``; no approximation)
+-----------------------------------------------------------------------------------
+Canonical frame: x ~ N(0, I_d); the teacher's rows vᵢ lie in A = the first t coordinates
+(t = k + 1: span W and u's part ⊥ W; t = k for a committee teacher, whose rows are W's).
+The student has k′ rows ŵⱼ (unit, or free), second layer λ̂ and a row mask (``sparse``).
+
+(N0) *Markov property.* The law of x, the teacher and the step map are invariant under
+     every rotation Q fixing A pointwise: F(Qŵ, Qx) = Q F(ŵ, x). So the law of the next
+     state given the rows depends only on their orbit, i.e. on P = (⟨ŵⱼ, e_q⟩) (k′ × t,
+     the rows' coordinates in A), the Gram ZZᵀ of their parts outside A, and λ̂. Any Z
+     (k′ × m) whose Gram is right, written in some orthonormal basis E = (e′₁ … e′_m) of a
+     subspace of A^⊥ containing the rows' outside parts, represents the orbit.
+(N1) *One example.* In the basis (A, E, rest) an example is x = (x_A, x_E, r): x_A ~ N(0, I_t),
+     x_E ~ N(0, I_m), r ~ N(0, I_{d−t−m}), independent. Fields: tᵢ = ⟨vᵢ, x_A⟩ (teacher),
+     aⱼ = ⟨Pⱼ, x_A⟩ + ⟨Zⱼ, x_E⟩ (student); neither depends on r. Label y = Σλᵢσ(tᵢ) + ε.
+(N2) *Gradient.* δⱼ = −2(y − f̂)λ̂ⱼσ′(aⱼ) (squared) or −yλ̂ⱼσ′(aⱼ) (correlation); a mini-batch
+     averages: Gⱼ = Σₙ δ̄ⱼₙ xₙ with δ̄ = δ/b, ⟨ŵⱼ, Gⱼ⟩ = Σₙ δ̄ⱼₙ aⱼₙ; ∂L/∂λ̂ⱼ likewise from σ(aⱼ).
+(N3) *The rest.* δ̄ depends on (x_A, x_E, ε) only. Write the b rest parts as the rows of
+     R = Λ Qᵀ (the LQ decomposition: Λ b × b lower triangular, Q (d−t−m) × b orthonormal).
+     Then ΛΛᵀ = RRᵀ is Wishart_b(d − t − m, I) and Λ is Bartlett's factor — Λₙₙ² ~
+     χ²_{d−t−m−n}, Λₙₗ ~ N(0, 1) below the diagonal, all independent — while Q is uniform
+     and independent of Λ. The rows' rest gradient Σₙ δ̄ⱼₙ rₙ = (δ̄ᵀΛ)ⱼ Qᵀ lies in span Q: in
+     the basis (A, E, Q) the step is the full step in t + m + b dimensions, with the
+     example n's rest coordinates Λₙ. (For b = 1: one χ²_{d−t−m}.)
+(N4) *Step.* Unit rows (spherical SGD, exact retraction): with gⱼ² = ‖Gⱼ‖² (all three
+     parts) and sⱼ = ⟨ŵⱼ, Gⱼ⟩, nⱼ² = 1 + η²(gⱼ² − sⱼ²) and ŵⱼ ← ((1 + ηsⱼ)ŵⱼ − ηGⱼ)/nⱼ;
+     free rows: ŵⱼ ← ŵⱼ − ηGⱼ. Frozen rows (mask) keep η = 0. In coordinates:
+     Pⱼ ← αⱼPⱼ − βⱼG_{A,j}, Zⱼ ← [αⱼZⱼ − βⱼG_{E,j}, −βⱼ(δ̄ᵀΛ)ⱼ]: m grows by b. λ̂ (trained)
+     takes plain SGD from the pre-step state, as in the full engine.
+(N5) *Compression.* When m + b would exceed the storage width (2k′ + b) or leave fewer
+     than b rest dimensions, Z is replaced by its k′ × k′ L factor (Householder LQ of
+     Z: Z = C Q̃ᵀ, so CCᵀ = ZZᵀ — the same orbit (N0)) and unit rows are renormalised (as the
+     full engine does at chunk ends). Amortised O(k′²) per step.
+(N6) *Start.* Random rows gⱼ ~ N(0, I_d): P = g_A, and the k′ outside parts have Gram
+     Wishart_{k′}(d − t): Z = Bartlett's k′ × k′ factor; unit rows are then normalised,
+     free rows scaled by s/√d. Given rows: P = their first t coordinates, Z = the L factor
+     of the rest (exact: only the Gram matters). ``sparse``: P = W's rows, Z = 0 (m = 0).
+     λ̂₀ as the full engine draws it (``dynamics.learners.network``).
+
+Observables at checkpoints: ⟨vᵢ, ŵⱼ⟩ = ⟨vᵢ, Pⱼ⟩ (vᵢ ∈ A), the student Gram PPᵀ + ZZᵀ and λ̂:
+exactly the full engine's records, handed to the learner's own ``trajectory`` (exact loss,
+alignment, committee ODE). Needs d ≥ t + k′ + b (else the full engine, cheap there).
+
+Cost per step: b(t + m) normals (m ≤ 2k′ + b) and b χ² draws, O(bk′(t + k′)) flops,
+independent of d. Divergence (a non-finite health value 1/nⱼ, gradient or state) marks the
+run and freezes it at its last finite state. All runs advance in a numba ``prange``, each on
+its own SplitMix64 stream seeded from (seed, r), so the numbers do not depend on R or on
+the thread count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+
+import numpy as np
+from numba import njit, prange
+
+from hermite.activations_numba import sigma, sigma_and_deriv
+
+from . import _rng
+from ._drive import DIVERGED, RUNNING
+
+__all__ = ["STOP_KINDS", "NetHyper", "NetRuns", "NetRecords", "make_net_hyper", "advance_network",
+           "storage_width", "min_dimension", "step_given"]
+
+NetHyper = namedtuple("NetHyper", [
+    "code", "hp", "scale", "correlation", "free", "train", "eta", "eta_c", "noise_sd",
+    "batch", "rest_dim", "n_steps", "stop_kind", "stop_level"])
+NetHyper.__doc__ = """Settings of one call: σ(scale·x) by (code, p, scale); correlation loss;
+free rows; trained λ̂; η, η_c; label-noise sd; batch b; rest_dim = d − t; horizon; stop rule
+(:data:`STOP_KINDS`) and its level."""
+#: stop rules of a first-passage call: the alignment (mean over i of maxⱼ |cos(vᵢ, ŵⱼ)|, or
+#: of cos(vᵢ, ŵᵢ) for ``sparse``) at or above the level
+STOP_KINDS = {"none": 0, "alignment": 1, "diagonal": 2}
+NetRuns = namedtuple("NetRuns", ["states", "P", "Z", "m", "lam_hat", "mask", "inst_idx",
+                                 "div_step", "hit_step"])
+NetRuns.__doc__ = """The runs' streams (R,), P (R, k′, t), Z (R, k′, storage), used width m (R,),
+λ̂ (R, k′), row mask (R, k′) as 0/1 floats, instance index (R,), div/hit steps (R,)."""
+NetRecords = namedtuple("NetRecords", ["cp_steps", "cross", "gram", "lam_hat"])
+NetRecords.__doc__ = """Checkpoint steps (C,) and ⟨vᵢ, ŵⱼ⟩ (R, C, k, k′), Gram (R, C, k′, k′),
+λ̂ (R, C, k′)."""
+NetWork = namedtuple("NetWork", ["xa", "xe", "eps", "dl", "lam_b", "a", "sv", "sd", "ug",
+                                 "gl", "gram", "gr", "alpha", "beta", "hv"])
+
+
+def make_net_hyper(code, hp, scale, correlation, free, train, eta, eta_c, noise_sd, batch,
+                   rest_dim, n_steps, stop_kind=0, stop_level=math.inf) -> NetHyper:
+    """:class:`NetHyper` with the field types the kernel is compiled for."""
+    return NetHyper(int(code), int(hp), float(scale), bool(correlation), bool(free),
+                    bool(train), float(eta), float(eta_c), float(noise_sd), int(batch),
+                    int(rest_dim), int(n_steps), int(stop_kind), float(stop_level))
+
+
+def storage_width(width: int, batch: int) -> int:
+    """Columns of Z kept between compressions (N5): 2k′ + b."""
+    return 2 * width + batch
+
+
+def min_dimension(t: int, width: int, batch: int) -> int:
+    """The least d the chain needs: t + k′ + b (a compressed Z plus one batch of new
+    directions must fit in A^⊥)."""
+    return t + width + batch
+
+
+@njit(cache=True)
+def _work(b, kp, t, ms):
+    return NetWork(np.empty((b, t)), np.empty((b, ms)), np.empty(b), np.empty((b, kp)),
+                   np.zeros((b, b)),
+                   np.empty(kp), np.empty(kp), np.empty(kp), np.empty(kp), np.empty(kp),
+                   np.empty((b, b)), np.empty((kp, b)), np.empty(kp), np.empty(kp),
+                   np.empty(ms))
+
+
+@njit(cache=True, inline="always")
+def _compress(P, Z, m, free, hv):
+    """(N5) Z[:, :m] ← its L factor by Householder reflections from the right (columns ≥ k′
+    become 0); unit rows renormalised. Returns the new width min(m, k′)."""
+    kp = Z.shape[0]
+    for j in range(min(kp, m)):
+        norm2 = 0.0
+        for q in range(j, m):
+            hv[q] = Z[j, q]
+            norm2 += Z[j, q] * Z[j, q]
+        norm = math.sqrt(norm2)
+        if norm == 0.0:
+            continue
+        alpha = -norm if hv[j] > 0.0 else norm  # v = x − αe₁ without cancellation
+        hv[j] -= alpha
+        vv = norm2 - 2.0 * alpha * Z[j, j] + alpha * alpha
+        if vv == 0.0:
+            continue
+        for i in range(j, kp):
+            dot = 0.0
+            for q in range(j, m):
+                dot += Z[i, q] * hv[q]
+            f = 2.0 * dot / vv
+            for q in range(j, m):
+                Z[i, q] -= f * hv[q]
+    new_m = min(m, kp)
+    for i in range(kp):
+        for q in range(new_m, m):
+            Z[i, q] = 0.0
+    if not free:
+        for i in range(kp):
+            n2 = 0.0
+            for q in range(P.shape[1]):
+                n2 += P[i, q] * P[i, q]
+            for q in range(new_m):
+                n2 += Z[i, q] * Z[i, q]
+            if n2 > 0.0:
+                inv = 1.0 / math.sqrt(n2)
+                for q in range(P.shape[1]):
+                    P[i, q] *= inv
+                for q in range(new_m):
+                    Z[i, q] *= inv
+    return new_m
+
+
+@njit(cache=True, inline="always")
+def _alignment(V, P, Z, m, free, diagonal):
+    """Mean over teacher rows i of maxⱼ |cos(vᵢ, ŵⱼ)|, or of cos(vᵢ, ŵᵢ) (``diagonal``)
+    (``dynamics.learners.network.alignment``)."""
+    k, t = V.shape
+    kp = P.shape[0]
+    total = 0.0
+    for i in range(k):
+        vn = 0.0
+        for q in range(t):
+            vn += V[i, q] * V[i, q]
+        best = 0.0
+        lo, hi = (i, i + 1) if diagonal else (0, kp)
+        for j in range(lo, hi):
+            dot = 0.0
+            wn = 0.0
+            for q in range(t):
+                dot += V[i, q] * P[j, q]
+                wn += P[j, q] * P[j, q]
+            if free:
+                for q in range(m):
+                    wn += Z[j, q] * Z[j, q]
+                c = dot / math.sqrt(vn * wn) if vn * wn > 0.0 else 0.0
+            else:
+                c = dot / math.sqrt(vn) if vn > 0.0 else 0.0
+            best = c if diagonal else max(best, abs(c))
+        total += best
+    return total / k
+
+
+@njit(cache=True, inline="always")
+def _draw(hyp, t, m, st, w):
+    """The step's variates from the stream (N1), (N3): x_A (b, t), x_E (b, m), the label
+    noise (b,) and Bartlett's factor Λ (b, b) of the rest parts (dof d − t − m − n)."""
+    b = hyp.batch
+    for n in range(b):
+        for q in range(t):
+            w.xa[n, q], st = _rng.normal(st)
+        for q in range(m):
+            w.xe[n, q], st = _rng.normal(st)
+        w.eps[n] = 0.0
+        if hyp.noise_sd > 0.0:
+            e, st = _rng.normal(st)
+            w.eps[n] = hyp.noise_sd * e
+    rest = hyp.rest_dim - m
+    for n in range(b):
+        q2, st = _rng.chi2(rest - n, st)
+        w.lam_b[n, n] = math.sqrt(q2)
+        for l_ in range(n):
+            w.lam_b[n, l_], st = _rng.normal(st)
+    return st
+
+
+@njit(cache=True, inline="always")
+def _update(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w):
+    """One step (N1)–(N4) on the variates in ``w``; the state changes only when the step is
+    finite. ``ident``: V = [I, 0] (the teacher's fields are x_A's first k coordinates).
+    Returns (new m, RUNNING or DIVERGED).
+
+    ‖Gⱼ‖² = δ̄ⱼᵀ K δ̄ⱼ with K the b × b Gram of the examples (all three parts), so the
+    gradients are never formed: each row is updated in one pass."""
+    k, t = V.shape
+    kp = P.shape[0]
+    b = hyp.batch
+    code, hp, sc = hyp.code, hyp.hp, hyp.scale
+    for j in range(kp):
+        w.ug[j] = 0.0
+        w.gl[j] = 0.0
+    for n in range(b):
+        xa, xe = w.xa[n], w.xe[n]
+        y = w.eps[n]
+        for i in range(k):
+            if ident:
+                acc = xa[i]
+            else:
+                acc = 0.0
+                for q in range(t):
+                    acc += V[i, q] * xa[q]
+            y += lam[i] * sigma(sc * acc, code, hp)
+        f_hat = 0.0
+        for j in range(kp):
+            acc = 0.0
+            for q in range(t):
+                acc += P[j, q] * xa[q]
+            for q in range(m):
+                acc += Z[j, q] * xe[q]
+            sv, sd = sigma_and_deriv(sc * acc, code, hp)
+            w.a[j] = acc
+            w.sv[j] = sv
+            w.sd[j] = sc * sd
+            f_hat += lam_hat[j] * sv
+        outer = -y if hyp.correlation else -2.0 * (y - f_hat)
+        for j in range(kp):
+            dl = outer * lam_hat[j] * w.sd[j] / b
+            w.dl[n, j] = dl
+            w.ug[j] += dl * w.a[j]
+            w.gl[j] += outer * w.sv[j] / b
+        for n2 in range(n + 1):  # the examples' Gram K (rest parts: rows of Λ)
+            acc = 0.0
+            for q in range(t):
+                acc += xa[q] * w.xa[n2, q]
+            for q in range(m):
+                acc += xe[q] * w.xe[n2, q]
+            for q in range(n2 + 1):
+                acc += w.lam_b[n, q] * w.lam_b[n2, q]
+            w.gram[n, n2] = acc
+            w.gram[n2, n] = acc
+    ok = True
+    for j in range(kp):
+        g2 = 0.0
+        for n in range(b):
+            acc = 0.0
+            for n2 in range(b):
+                acc += w.gram[n, n2] * w.dl[n2, j]
+            g2 += w.dl[n, j] * acc
+        for l_ in range(b):
+            acc = 0.0
+            for n in range(l_, b):
+                acc += w.dl[n, j] * w.lam_b[n, l_]
+            w.gr[j, l_] = acc
+        eta = hyp.eta * mask[j]
+        ug = w.ug[j]
+        if hyp.free:
+            inv = 1.0 / math.sqrt(1.0 + eta * eta * g2)
+            w.alpha[j], w.beta[j] = 1.0, eta
+        else:
+            inv = 1.0 / math.sqrt(1.0 + eta * eta * (g2 - ug * ug))
+            w.alpha[j], w.beta[j] = inv * (1.0 + eta * ug), eta * inv
+        if not (math.isfinite(g2) and math.isfinite(inv) and inv > 0.0
+                and math.isfinite(w.alpha[j])):
+            ok = False
+        if hyp.train and not math.isfinite(lam_hat[j] - hyp.eta_c * w.gl[j]):
+            ok = False
+    if not ok:
+        return m, DIVERGED
+    for j in range(kp):
+        al, be = w.alpha[j], w.beta[j]
+        if be == 0.0:  # a frozen row (sparse): untouched
+            for l_ in range(b):
+                Z[j, m + l_] = 0.0
+        else:
+            pj, zj = P[j], Z[j]
+            c0 = be * w.dl[0, j]
+            xa, xe = w.xa[0], w.xe[0]
+            for q in range(t):  # αP − βΣₙδ̄ₙxₙ, the first example fused with the scaling
+                pj[q] = al * pj[q] - c0 * xa[q]
+            for q in range(m):
+                zj[q] = al * zj[q] - c0 * xe[q]
+            for n in range(1, b):
+                c = be * w.dl[n, j]
+                xa, xe = w.xa[n], w.xe[n]
+                for q in range(t):
+                    pj[q] -= c * xa[q]
+                for q in range(m):
+                    zj[q] -= c * xe[q]
+            for l_ in range(b):
+                zj[m + l_] = -be * w.gr[j, l_]
+        if hyp.train:
+            lam_hat[j] -= hyp.eta_c * w.gl[j]
+    return m + b, RUNNING
+
+
+def step_given(hyp, V, lam, P, Z, m, lam_hat, mask, xa, xe, lam_b, eps):
+    """One step (N1)–(N4) on given variates (tests): new (P, Z, m, λ̂, status), inputs
+    untouched. Z needs m + b columns."""
+    P, Z, lam_hat = (np.array(a, dtype=np.float64) for a in (P, Z, lam_hat))
+    b, kp, t = len(eps), P.shape[0], P.shape[1]
+    w = _work(b, kp, t, Z.shape[1])
+    w.xa[:], w.xe[:, :m], w.lam_b[:], w.eps[:] = xa, np.asarray(xe)[:, :m], lam_b, eps
+    m, status = _update(hyp, np.asarray(V, np.float64), False, np.asarray(lam, np.float64),
+                        P, Z,
+                        int(m), lam_hat, np.asarray(mask, np.float64), w)
+    return P, Z, m, lam_hat, status
+
+
+@njit(cache=True, inline="always")
+def _record(V, P, Z, m, lam_hat, rec, run, c):
+    k, t = V.shape
+    kp = P.shape[0]
+    for i in range(k):
+        for j in range(kp):
+            acc = 0.0
+            for q in range(t):
+                acc += V[i, q] * P[j, q]
+            rec.cross[run, c, i, j] = acc
+    for i in range(kp):
+        for j in range(kp):
+            acc = 0.0
+            for q in range(t):
+                acc += P[i, q] * P[j, q]
+            for q in range(m):
+                acc += Z[i, q] * Z[j, q]
+            rec.gram[run, c, i, j] = acc
+        rec.lam_hat[run, c, i] = lam_hat[i]
+
+
+@njit(cache=True, _nrt=False, fastmath={"reassoc", "contract"})  # no NRT: see ._drive
+def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w):
+    """Advance one run (P, Z, λ̂ in place) by up to ``hyp.n_steps`` steps from its stream
+    ``st`` and width m, recording at the checkpoints; returns (stream, m, div_step,
+    hit_step), the steps as in :mod:`._drive` (−1: never)."""
+    b = hyp.batch
+    t = P.shape[1]
+    cap = min(Z.shape[1], hyp.rest_dim)  # m + b ≤ cap keeps ≥ b rest dimensions (N3)
+    cps = rec.cp_steps
+    n_cp = cps.shape[0]
+    c = 0
+    step = 0
+    div_step = -1
+    hit_step = -1
+    while True:
+        while c < n_cp and cps[c] == step:
+            _record(V, P, Z, m, lam_hat, rec, run, c)
+            c += 1
+        if step == hyp.n_steps or div_step >= 0 or hit_step >= 0:
+            break
+        if m + b > cap:
+            m = _compress(P, Z, m, hyp.free, w.hv)
+        st = _draw(hyp, t, m, st, w)
+        m, status = _update(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w)
+        step += 1
+        if status == DIVERGED:
+            div_step = step
+        elif hyp.stop_kind > 0 and _alignment(V, P, Z, m, hyp.free,
+                                              hyp.stop_kind == 2) >= hyp.stop_level:
+            hit_step = step
+    while c < n_cp:  # frozen (diverged or stopped) runs keep their last state
+        _record(V, P, Z, m, lam_hat, rec, run, c)
+        c += 1
+    return st, m, div_step, hit_step
+
+
+@njit(cache=True)
+def _run_index(run, hyp, V, ident, lam, runs, rec):
+    """Run ``run`` of ``runs`` with its work arrays. A function of its own: numba loses
+    writes to the arrays of a named tuple made in a ``prange`` body (numba issue #7135)."""
+    kp, t = runs.P.shape[1], runs.P.shape[2]
+    w = _work(hyp.batch, kp, t, runs.Z.shape[2])
+    st, m, div, hit = _run_one(run, hyp, V, ident, lam, runs.P[run], runs.Z[run],
+                               runs.lam_hat[run], runs.mask[run], runs.states[run],
+                               runs.m[run], rec, w)
+    runs.states[run], runs.m[run] = st, m
+    runs.div_step[run], runs.hit_step[run] = div, hit
+
+
+@njit(parallel=True, cache=True)
+def advance_network(hyp, V, ident, lam, runs, rec):
+    """Advance every run of ``runs`` (:class:`NetRuns`, in place) by ``hyp.n_steps`` steps in
+    parallel; V (I, k, t) teacher rows, ident (I,) V = [I, 0], λ (I, k) per instance;
+    checkpoints into ``rec``."""
+    for run in prange(runs.P.shape[0]):
+        i = runs.inst_idx[run]
+        _run_index(run, hyp, V[i], ident[i], lam[i], runs, rec)
+

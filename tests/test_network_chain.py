@@ -1,0 +1,230 @@
+"""The network learners' exact overlap chain (``dynamics.reduced.network_chain``, issue 24).
+
+Independent truths: (1) one chain step on given variates against the full learner's own step
+on explicit d-dimensional rows and examples (the derivation's reduction (N1)–(N5), to
+rounding); (2) the law of whole runs against the full engine (two-sample KS tests at d = 30
+and d = 300, every variant), and a deliberately wrong χ² degree rejected; (3) first passages
+against the dense trajectory of the same streams.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dynamics.config import RunConfig
+from dynamics.engine import simulate
+from dynamics.learners import get_learner
+from dynamics.learners.network import lq_factor
+from dynamics.learners.problem import Problem
+from dynamics.reduced import network_chain as nc
+from dynamics.reduced import reduced_supported
+from dynamics.resolve import resolve_run
+
+FINETUNED = {"activation": "relu", "k": 2, "xi": 1.0, "seed": 3}
+COMMITTEE = {"activation": "erf", "k": 2, "teacher": "committee", "seed": 2}
+
+# name → (learner, instance, options)
+VARIANTS = {
+    "unit": ("scratch", FINETUNED, {}),
+    "free": ("scratch", FINETUNED, {"rows": "free", "init_scale": 0.5}),
+    "trained": ("scratch", FINETUNED, {"train_second_layer": True, "width": 3}),
+    "csq": ("scratch-csq", FINETUNED, {}),
+    "batch4-noise": ("scratch", FINETUNED, {"batch": 4, "label_noise": 0.1}),
+    "committee-free": ("scratch", COMMITTEE, {"rows": "free"}),
+    "committee-unit": ("scratch", {**COMMITTEE, "activation": "tanh"}, {}),
+    "sparse": ("sparse", {**FINETUNED, "k": 3}, {"sparse_rows": 2}),
+}
+
+
+def config_of(variant: str, d: int, **fields) -> RunConfig:
+    learner, inst, opts = VARIANTS[variant]
+    base = dict(learner=learner, instance={**inst, "d": d}, eta=0.5 / d, runs=4, steps=10,
+                seed=7, finite_d_theory=False)
+    return RunConfig(**{**base, **opts, **fields})
+
+
+# ---------------------------------------------------------------- 1. one step, exactly
+def full_and_chain_step(variant: str, d: int, seed: int):
+    """The full learner's step from explicit rows and examples, and the chain's step from
+    the same point and examples written in the chain's coordinates: both (cross, Gram, λ̂)."""
+    config = config_of(variant, d, runs=1)
+    run = resolve_run(config)
+    inst = run.run_instances[0]
+    problem = Problem.from_instances([inst], "cpu", torch.float64)
+    learner = get_learner(config.learner).from_config(config, problem)
+    rng = np.random.default_rng(seed)
+    state, _ = learner.initial_state(config, [inst])
+    width, b = learner.width, config.batch
+    rows = rng.standard_normal((width, d))
+    if not learner.free:
+        rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    if variant == "sparse":  # frozen rows start at W's rows, the tuned one anywhere
+        rows[~learner.mask[0].numpy()] = state.rows[0][~learner.mask[0]].numpy()
+    state.rows = torch.as_tensor(rows[None].copy())
+    state.lam_hat = torch.as_tensor(rng.standard_normal((1, width)))
+    x = torch.as_tensor(rng.standard_normal((1, 1, b, d)))
+    eps = torch.as_tensor(rng.standard_normal((1, 1, b)))
+    pre = learner.prepare(state, x, eps)
+    before = learner.observe(state)
+    learner.step_prepared_(state, x[:, 0], pre, 0)
+    after = learner.observe(state)
+
+    v = learner.teacher_rows().numpy()[0]
+    t = inst.k + 1 if np.abs(v[:, inst.k]).max() > 0 else inst.k
+    q, r = np.linalg.qr(rows[:, t:].T)  # outside parts = Z Qᵀ, Z = Rᵀ
+    xs = x[0, 0].numpy()
+    xe = xs[:, t:] @ q
+    perp = xs[:, t:] - xe @ q.T  # the rest parts: Λ Q₂ᵀ
+    _q2, r2 = np.linalg.qr(perp.T)
+    storage = nc.storage_width(width, b)
+    Z = np.zeros((width, storage))
+    Z[:, :width] = r.T
+    hyp = nc.make_net_hyper(*_code(inst), learner.loss_name == "correlation", learner.free,
+                            learner.train_second_layer, config.eta, config.step_size_c,
+                            math.sqrt(config.label_noise), b, d - t, 1)
+    xe_full = np.zeros((b, storage))
+    xe_full[:, :width] = xe
+    P, Z, m, lam_hat, status = nc.step_given(
+        hyp, v[:, :t], inst.lam, rows[:, :t], Z, width, state_lam(before), learner.mask[0]
+        .double().numpy(), xs[:, :t], xe_full, r2.T, math.sqrt(config.label_noise)
+        * eps[0, 0].numpy())
+    chain = {"cross": v[:, :t] @ P.T, "gram": P @ P.T + Z[:, :m] @ Z[:, :m].T,
+             "lam_hat": lam_hat}
+    return {n: a[0] for n, a in after.items()}, chain, status
+
+
+def state_lam(obs) -> np.ndarray:
+    return obs["lam_hat"][0]
+
+
+def _code(inst):
+    from dynamics.learners.network_kernel import kernel_activation
+
+    return kernel_activation(inst.activation)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("d", [12, 40])
+def test_one_chain_step_is_the_full_step_in_overlap_coordinates(variant, d):
+    for seed in range(3):
+        full, chain, status = full_and_chain_step(variant, d, seed)
+        assert status == 0
+        for name in ("cross", "gram", "lam_hat"):
+            np.testing.assert_allclose(chain[name], full[name], rtol=1e-10, atol=1e-12,
+                                       err_msg=f"{variant}, d = {d}, {name}")
+
+
+def test_compression_keeps_the_gram_and_renormalises_unit_rows():
+    rng = np.random.default_rng(0)
+    P, Z = rng.standard_normal((3, 4)), rng.standard_normal((3, 9))
+    gram = P @ P.T + Z @ Z.T
+    hv = np.empty(9)
+    P2, Z2 = P.copy(), Z.copy()
+    m = nc._compress(P2, Z2, 9, True, hv)  # free rows: nothing renormalised
+    assert m == 3 and not Z2[:, 3:].any()
+    np.testing.assert_allclose(P2, P)
+    np.testing.assert_allclose(P2 @ P2.T + Z2[:, :3] @ Z2[:, :3].T, gram, rtol=1e-12)
+    assert np.allclose(np.triu(Z2[:, :3], 1), 0)  # lower triangular: the L of Z = L Qᵀ
+    m = nc._compress(P, Z, 9, False, hv)
+    norms = (P ** 2).sum(1) + (Z[:, :m] ** 2).sum(1)
+    np.testing.assert_allclose(norms, 1.0, rtol=1e-14)
+
+
+def test_lq_factor_has_the_gram_of_its_rows_and_pads_narrow_ones():
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((3, 50))
+    z = lq_factor(rows, 7)
+    assert z.shape == (3, 7) and not z[:, 3:].any()
+    np.testing.assert_allclose(z @ z.T, rows @ rows.T, rtol=1e-12)
+    narrow = lq_factor(rows[:, :2], 7)
+    np.testing.assert_allclose(narrow @ narrow.T, rows[:, :2] @ rows[:, :2].T, atol=1e-12)
+
+
+# ---------------------------------------------------------------- support and errors
+def test_the_chain_covers_every_network_variant_and_auto_takes_it():
+    for variant in VARIANTS:
+        config = config_of(variant, 300, engine="auto")
+        assert reduced_supported(config) == (True, ""), variant
+        assert resolve_run(config).engine == "reduced", variant
+
+
+def test_where_the_chain_is_not_exact_it_says_why_in_one_line():
+    small = config_of("unit", 5, engine="auto")  # d < k + 1 + k′ + b
+    ok, why = reduced_supported(small)
+    assert not ok and "d ≥ k + 1 + k′ + b = 6" in why and "\n" not in why
+    assert resolve_run(small).engine == "full"
+    with pytest.raises(ValueError, match="d ≥ k"):
+        simulate(config_of("unit", 5, engine="reduced"))
+
+
+# ---------------------------------------------------------------- 2. the same law
+LAW_RUNS = 400
+LAW_P = 1e-4  # per comparison (fixed seeds: each test is deterministic)
+
+
+def law_config(variant: str, d: int, engine: str, seed: int = 11) -> RunConfig:
+    """~1.5·d steps at η = 0.8/d: every variant moves well away from its start."""
+    return config_of(variant, d, engine=engine, runs=LAW_RUNS, steps=int(1.5 * d),
+                     checkpoints=3, eta=0.8 / d, seed=seed)
+
+
+def ks_pvalues(a, b) -> dict:
+    """(quantity, checkpoint) → two-sample KS p-value of the loss and alignment."""
+    out = {}
+    for name in ("loss", "overlap"):
+        x, y = getattr(a, name), getattr(b, name)
+        for c in range(x.shape[1]):
+            xs, ys = x[:, c][np.isfinite(x[:, c])], y[:, c][np.isfinite(y[:, c])]
+            out[name, int(a.steps[c])] = stats.ks_2samp(xs, ys).pvalue
+    return out
+
+
+@pytest.mark.parametrize("d", [30, 300])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_chain_has_the_law_of_the_full_engine(variant, d):
+    chain = simulate(law_config(variant, d, "reduced"))
+    full = simulate(law_config(variant, d, "full", seed=12))
+    assert chain.engine == "reduced" and full.engine == "full"
+    assert np.isfinite(chain.loss).all() and (chain.diverged_step < 0).all()
+    moved = np.median(np.abs(chain.loss[:, -1] - chain.loss[:, 0]))
+    assert moved > 0.02, f"{variant}: the runs barely moved ({moved:.3g}), no test of the step"
+    p = ks_pvalues(chain, full)
+    assert min(p.values()) > LAW_P, {k: round(v, 6) for k, v in p.items()}
+
+
+def test_a_wrong_chi2_degree_is_rejected():
+    """The same comparison has the power to see a wrong rest dimension (N3): d − t → (d − t)/3
+    changes the retraction's normalisation (and for free rows the rest's share of ‖G‖²)."""
+    from dynamics.reduced.network_simulate import NetworkChain
+
+    d = 300
+    for variant in ("unit", "free"):
+        config = law_config(variant, d, "reduced")
+        wrong = NetworkChain().simulate(config, _chi2_dof=(d - 3) // 3)
+        full = simulate(law_config(variant, d, "full", seed=12))
+        assert min(ks_pvalues(wrong, full).values()) < 1e-6, variant
+
+
+# ---------------------------------------------------------------- 3. first passages
+@pytest.mark.parametrize("variant", ["unit", "free", "sparse"])
+def test_first_passages_are_the_dense_trajectory_s_crossings(variant):
+    from dynamics.reduced.network_simulate import NetworkChain
+
+    d, steps = 40, 120
+    config = config_of(variant, d, runs=16, steps=steps, checkpoints=steps + 1,
+                       spacing="linear", eta=1.0 / d)
+    traj = NetworkChain().simulate(config)
+    assert np.array_equal(traj.steps, np.arange(steps + 1))
+    never = traj.overlap.max() + 1e-9
+    levels = [*np.quantile(traj.overlap.max(1), [0.3, 0.7]), never]  # some runs, not all
+    hits = NetworkChain().first_passages(config, levels)
+    for level, hit in zip(levels, hits, strict=True):
+        above = traj.overlap >= level
+        want = np.where(above.any(1), above.argmax(1).astype(float), np.nan)
+        np.testing.assert_array_equal(hit, want)
+    assert (hits[:2] > 0).any() and np.isnan(hits[2]).all()
