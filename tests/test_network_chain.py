@@ -228,3 +228,46 @@ def test_first_passages_are_the_dense_trajectory_s_crossings(variant):
         want = np.where(above.any(1), above.argmax(1).astype(float), np.nan)
         np.testing.assert_array_equal(hit, want)
     assert (hits[:2] > 0).any() and np.isnan(hits[2]).all()
+
+
+@pytest.mark.parametrize("variant, activation", [("unit", "relu"), ("unit", "he3"),
+                                                 ("csq", "tanh"), ("trained", "relu")])
+def test_loss_first_passages_are_the_dense_trajectory_s_crossings(variant, activation):
+    """The kernel's every-step exact loss (power series for He₃, the Chebyshev interpolant in
+    θ otherwise) crosses where the learner's own exact loss (hermite dual kernels) does."""
+    from dynamics.reduced.network_simulate import NetworkChain
+
+    d, steps = 40, 150
+    learner, inst, opts = VARIANTS[variant]
+    config = RunConfig(learner=learner, instance={**inst, "d": d, "activation": activation},
+                       runs=16, steps=steps, checkpoints=steps + 1, spacing="linear",
+                       eta=1.0 / d, seed=7, finite_d_theory=False, **opts)
+    traj = NetworkChain().simulate(config)
+    never = traj.loss.min() - 1e-9
+    levels = [*np.quantile(traj.loss.min(1), [0.3, 0.7]), never]
+    hits = NetworkChain().first_passages(config, levels, quantity="loss")
+    for level, hit in zip(levels, hits, strict=True):
+        below = traj.loss <= level
+        want = np.where(below.any(1), below.argmax(1).astype(float), np.nan)
+        np.testing.assert_array_equal(hit, want)
+    assert (hits[:2] > 0).any() and np.isnan(hits[2]).all()
+
+
+def test_loss_levels_need_unit_rows_and_a_fine_tuned_teacher():
+    from dynamics.reduced.network_simulate import NetworkChain
+
+    for variant in ("free", "committee-unit"):
+        with pytest.raises(ValueError, match="unit rows and a fine-tuned teacher only"):
+            NetworkChain().first_passages(config_of(variant, 40), [0.1], quantity="loss")
+
+
+def test_initial_trajectory_is_the_start_simulate_records():
+    from dynamics.reduced.network_simulate import NetworkChain
+
+    config = config_of("trained", 40, runs=6)
+    start = NetworkChain().initial_trajectory(config)
+    full = NetworkChain().simulate(config)
+    assert list(start.steps) == [0]
+    np.testing.assert_allclose(start.loss[:, 0], full.loss[:, 0], rtol=1e-13)
+    np.testing.assert_array_equal(start.overlap[:, 0], full.overlap[:, 0])
+    np.testing.assert_array_equal(start.m0, full.m0)

@@ -69,13 +69,18 @@ __all__ = ["STOP_KINDS", "NetHyper", "NetRuns", "NetRecords", "make_net_hyper", 
 
 NetHyper = namedtuple("NetHyper", [
     "code", "hp", "scale", "correlation", "free", "train", "eta", "eta_c", "noise_sd",
-    "batch", "rest_dim", "n_steps", "stop_kind", "stop_level"])
+    "batch", "rest_dim", "n_steps", "stop_kind", "stop_level", "kernel_mode"])
 NetHyper.__doc__ = """Settings of one call: σ(scale·x) by (code, p, scale); correlation loss;
 free rows; trained λ̂; η, η_c; label-noise sd; batch b; rest_dim = d − t; horizon; stop rule
-(:data:`STOP_KINDS`) and its level."""
+(:data:`STOP_KINDS`) and its level; how the dual kernel K is evaluated for the loss rule
+(:data:`KERNEL_MODES`)."""
 #: stop rules of a first-passage call: the alignment (mean over i of maxⱼ |cos(vᵢ, ŵⱼ)|, or
-#: of cos(vᵢ, ŵᵢ) for ``sparse``) at or above the level
-STOP_KINDS = {"none": 0, "alignment": 1, "diagonal": 2}
+#: of cos(vᵢ, ŵᵢ) for ``sparse``) at or above the level, or the exact population loss at or
+#: below it (unit rows, unit-row teacher: dual kernels)
+STOP_KINDS = {"none": 0, "alignment": 1, "diagonal": 2, "loss": 3}
+#: K(ρ) = Σₚ cₚ ρᵖ (polynomial σ: cₚ = μₚ², exact) or a Chebyshev series in
+#: x = 1 − 2 arccos(ρ)/π (``hermite.kernels.kernel_interpolant``, certified error bound)
+KERNEL_MODES = {"power": 0, "chebyshev_theta": 1}
 NetRuns = namedtuple("NetRuns", ["states", "P", "Z", "m", "lam_hat", "mask", "inst_idx",
                                  "div_step", "hit_step"])
 NetRuns.__doc__ = """The runs' streams (R,), P (R, k′, t), Z (R, k′, storage), used width m (R,),
@@ -88,11 +93,13 @@ NetWork = namedtuple("NetWork", ["xa", "xe", "eps", "dl", "lam_b", "a", "sv", "s
 
 
 def make_net_hyper(code, hp, scale, correlation, free, train, eta, eta_c, noise_sd, batch,
-                   rest_dim, n_steps, stop_kind=0, stop_level=math.inf) -> NetHyper:
+                   rest_dim, n_steps, stop_kind=0, stop_level=math.inf,
+                   kernel_mode=0) -> NetHyper:
     """:class:`NetHyper` with the field types the kernel is compiled for."""
     return NetHyper(int(code), int(hp), float(scale), bool(correlation), bool(free),
                     bool(train), float(eta), float(eta_c), float(noise_sd), int(batch),
-                    int(rest_dim), int(n_steps), int(stop_kind), float(stop_level))
+                    int(rest_dim), int(n_steps), int(stop_kind), float(stop_level),
+                    int(kernel_mode))
 
 
 def storage_width(width: int, batch: int) -> int:
@@ -188,6 +195,50 @@ def _alignment(V, P, Z, m, free, diagonal):
             best = c if diagonal else max(best, abs(c))
         total += best
     return total / k
+
+
+@njit(cache=True, inline="always")
+def _dual_kernel(rho, mode, coef):
+    """K(ρ) from :data:`KERNEL_MODES` ``mode`` and its coefficients (ρ clipped to [−1, 1])."""
+    r = min(1.0, max(-1.0, rho))
+    n = coef.shape[0]
+    if mode == 0:
+        acc = 0.0
+        for p in range(n - 1, -1, -1):
+            acc = acc * r + coef[p]
+        return acc
+    x = 1.0 - 2.0 * math.acos(r) / math.pi
+    b1 = 0.0
+    b2 = 0.0
+    for p in range(n - 1, 0, -1):
+        b0 = coef[p] + 2.0 * x * b1 - b2
+        b2 = b1
+        b1 = b0
+    return coef[0] + x * b1 - b2
+
+
+@njit(cache=True, inline="always")
+def _loss(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef):
+    """Exact population loss E(f* − f̂)² of unit rows against a unit-row teacher:
+    λᵀK(VVᵀ)λ (``teacher_term``) + λ̂ᵀK(Ĝ)λ̂ − 2λᵀK(VP̂ᵀ)λ̂ (``dynamics.network_loss``)."""
+    k, t = V.shape
+    kp = P.shape[0]
+    out = teacher_term
+    for j in range(kp):
+        for j2 in range(j, kp):
+            g = 0.0
+            for q in range(t):
+                g += P[j, q] * P[j2, q]
+            for q in range(m):
+                g += Z[j, q] * Z[j2, q]
+            term = lam_hat[j] * lam_hat[j2] * _dual_kernel(g, hyp.kernel_mode, coef)
+            out += term if j2 == j else 2.0 * term
+        for i in range(k):
+            c = 0.0
+            for q in range(t):
+                c += V[i, q] * P[j, q]
+            out -= 2.0 * lam[i] * lam_hat[j] * _dual_kernel(c, hyp.kernel_mode, coef)
+    return out
 
 
 @njit(cache=True, inline="always")
@@ -357,7 +408,8 @@ def _record(V, P, Z, m, lam_hat, rec, run, c):
 
 
 @njit(cache=True, _nrt=False, fastmath={"reassoc", "contract"})  # no NRT: see ._drive
-def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w):
+def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w, teacher_term,
+             coef):
     """Advance one run (P, Z, λ̂ in place) by up to ``hyp.n_steps`` steps from its stream
     ``st`` and width m, recording at the checkpoints; returns (stream, m, div_step,
     hit_step), the steps as in :mod:`._drive` (−1: never)."""
@@ -383,6 +435,9 @@ def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w):
         step += 1
         if status == DIVERGED:
             div_step = step
+        elif hyp.stop_kind == 3:
+            if _loss(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef) <= hyp.stop_level:
+                hit_step = step
         elif hyp.stop_kind > 0 and _alignment(V, P, Z, m, hyp.free,
                                               hyp.stop_kind == 2) >= hyp.stop_level:
             hit_step = step
@@ -393,24 +448,25 @@ def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w):
 
 
 @njit(cache=True)
-def _run_index(run, hyp, V, ident, lam, runs, rec):
+def _run_index(run, hyp, V, ident, lam, runs, rec, teacher_term, coef):
     """Run ``run`` of ``runs`` with its work arrays. A function of its own: numba loses
     writes to the arrays of a named tuple made in a ``prange`` body (numba issue #7135)."""
     kp, t = runs.P.shape[1], runs.P.shape[2]
     w = _work(hyp.batch, kp, t, runs.Z.shape[2])
     st, m, div, hit = _run_one(run, hyp, V, ident, lam, runs.P[run], runs.Z[run],
                                runs.lam_hat[run], runs.mask[run], runs.states[run],
-                               runs.m[run], rec, w)
+                               runs.m[run], rec, w, teacher_term, coef)
     runs.states[run], runs.m[run] = st, m
     runs.div_step[run], runs.hit_step[run] = div, hit
 
 
 @njit(parallel=True, cache=True)
-def advance_network(hyp, V, ident, lam, runs, rec):
+def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef):
     """Advance every run of ``runs`` (:class:`NetRuns`, in place) by ``hyp.n_steps`` steps in
     parallel; V (I, k, t) teacher rows, ident (I,) V = [I, 0], λ (I, k) per instance;
-    checkpoints into ``rec``."""
+    checkpoints into ``rec``. The loss stop rule reads ``teacher_term`` (I,) λᵀK(VVᵀ)λ and
+    K's coefficients ``coef`` (``hyp.kernel_mode``)."""
     for run in prange(runs.P.shape[0]):
         i = runs.inst_idx[run]
-        _run_index(run, hyp, V[i], ident[i], lam[i], runs, rec)
+        _run_index(run, hyp, V[i], ident[i], lam[i], runs, rec, teacher_term[i], coef)
 

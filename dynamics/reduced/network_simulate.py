@@ -24,7 +24,7 @@ from .network_chain import (
 )
 from .params import distinct
 
-__all__ = ["NetworkChain", "ChainStart"]
+__all__ = ["NetworkChain", "ChainStart", "loss_levels_supported", "kernel_series"]
 
 ENGINE = "reduced"
 
@@ -55,6 +55,8 @@ class ChainStart:
         self.lam = np.stack([np.asarray(i.lam, dtype=np.float64) for i in order])
         eye = np.eye(k, self.t)
         self.ident = np.array([np.array_equal(v, eye) for v in self.V])
+        self.kernel = kernel_series(order[0].activation)  # (mode, coefficients, error)
+        self.teacher_term = np.array([_teacher_term(i) for i in order])
         width = self.learner.width
         self.storage = storage_width(width, config.batch)
         P, Z, lam_hat = self.learner.chain_start(config, self.instances, self.t, self.storage)
@@ -62,13 +64,37 @@ class ChainStart:
         self.m = np.full(len(self.instances), min(width, Z.shape[2]), dtype=np.int64)
         self.mask = self.learner.mask.cpu().numpy().astype(np.float64)
 
-    def alignment(self) -> np.ndarray:
-        """(R,) the runs' alignment now (the learner's :meth:`alignment_of` its overlaps)."""
+    def loss(self) -> np.ndarray:
+        """(R,) the runs' exact population loss now (``dynamics.network_loss``)."""
+        from ..network_loss import network_loss_from_grams
+
+        cross, gram = self._overlaps()
+        return np.array([network_loss_from_grams(inst.activation, inst.lam, inst.teacher_gram(),
+                                                 self.lam_hat[r], gram[r], cross[r])
+                         for r, inst in enumerate(self.instances)], dtype=float)
+
+    def _overlaps(self):
         cross = np.einsum("rkt,rjt->rkj", self.V[self.inst_idx], self.P)
         gram = np.einsum("rit,rjt->rij", self.P, self.P)
         for r, m in enumerate(self.m):
             gram[r] += self.Z[r, :, :m] @ self.Z[r, :, :m].T
+        return cross, gram
+
+    def alignment(self) -> np.ndarray:
+        """(R,) the runs' alignment now (the learner's ``alignment_of`` its overlaps)."""
+        cross, gram = self._overlaps()
         return self.learner.alignment_of(cross[:, None], gram[:, None], self.instances)[:, 0]
+
+
+def _teacher_term(instance) -> float:
+    """λᵀK(VVᵀ)λ, the loss's student-free term (NaN for a committee teacher: not used)."""
+    if instance.committee:
+        return float("nan")
+    import hermite
+
+    lam = np.asarray(instance.lam, dtype=float)
+    gram = np.clip(instance.teacher_gram(), -1.0, 1.0)
+    return float(lam @ hermite.dual_kernel(instance.activation, gram) @ lam)
 
 
 def _float64():
@@ -90,6 +116,7 @@ class NetworkChain(ExactChain):
     fine-tuned or committee teacher, random or given rows; numba on CPU, float64."""
 
     name = "network"
+    records_start = True
 
     def supported(self, config) -> tuple[bool, str]:
         from hermite.activations import get_activation
@@ -114,6 +141,7 @@ class NetworkChain(ExactChain):
 
     def _advance(self, start: ChainStart, steps, n_steps, *, stop_kind="none",
                  stop_level=math.inf, rest_dim=None):
+        """Run the kernel on ``start`` (in place): (NetRuns, NetRecords)."""
         config, inst0 = start.config, start.instances[0]
         runs, k, width = len(start.instances), inst0.k, start.learner.width
         code, hp, scale = _act(inst0.activation)
@@ -130,9 +158,10 @@ class NetworkChain(ExactChain):
                              learner.free, learner.train_second_layer, config.eta,
                              config.step_size_c, math.sqrt(config.label_noise), config.batch,
                              inst0.d - start.t if rest_dim is None else rest_dim, n_steps,
-                             STOP_KINDS[stop_kind], stop_level)
+                             STOP_KINDS[stop_kind], stop_level, start.kernel[0])
         with numba.parallel_chunksize(1):
-            advance_network(hyp, start.V, start.ident, start.lam, run_state, rec)
+            advance_network(hyp, start.V, start.ident, start.lam, run_state, rec,
+                            start.teacher_term, start.kernel[1])
         return run_state, rec
 
     def simulate(self, config, *, instances=None, backend=None, _chi2_dof=None) -> Trajectory:
@@ -151,26 +180,80 @@ class NetworkChain(ExactChain):
         return start.learner.trajectory(result)
 
     def first_passages(self, config, levels, max_steps=None, *, absolute=True,
-                       backend=None) -> np.ndarray:
-        """(L, R) first steps at which each run's alignment (the trajectory's ``overlap``)
-        reaches each level, checked after every step; NaN if not by ``max_steps`` (default
-        ``config.steps``); diverged runs never. ``absolute`` is moot (alignment ≥ 0 for the
-        scratch learners; ``sparse``'s signed cos(vᵢ, ŵᵢ) is compared as it is)."""
+                       backend=None, quantity: str = "overlap") -> np.ndarray:
+        """(L, R) first steps at which each run's ``overlap`` (its alignment) reaches each
+        level (≥), or its exact population ``loss`` falls to it (≤; unit rows and a unit-row
+        teacher), checked after every step; 0 where the start is there already; NaN if not
+        by ``max_steps`` (default ``config.steps``); diverged runs never. ``absolute`` is
+        moot (the scratch alignment is ≥ 0; ``sparse``'s signed cos(vᵢ, ŵᵢ) is compared as
+        it is)."""
         _check_backend(backend)
+        if quantity not in ("overlap", "loss"):
+            raise ValueError(f"first passages of 'overlap' or 'loss', got {quantity!r}")
         instances = config.run_instances()
+        if quantity == "loss":
+            ok, why = loss_levels_supported(config, instances[0])
+            if not ok:
+                raise ValueError(why)
+            kind = "loss"
+        else:
+            kind = "diagonal" if _learner(config).diagonal_alignment else "alignment"
         n = int(config.steps if max_steps is None else max_steps)
-        kind = "diagonal" if _learner(config).diagonal_alignment else "alignment"
         out = np.full((len(levels), config.runs), np.nan)
         for li, level in enumerate(levels):
             start = ChainStart(config, instances)
-            m0 = start.alignment()
+            if quantity == "loss":
+                there = start.loss() <= level
+            else:
+                there = start.alignment() >= level
             runs, _ = self._advance(start, np.zeros(0, np.int64), n, stop_kind=kind,
                                     stop_level=float(level))
             hit = runs.hit_step.astype(float)
             hit[runs.hit_step < 0] = np.nan
-            hit[m0 >= level] = 0.0
+            hit[there] = 0.0
             out[li] = hit
         return out
+
+    def initial_trajectory(self, config, *, backend=None) -> Trajectory:
+        """The runs' start alone (one checkpoint, step 0), as :meth:`simulate` records it."""
+        _check_backend(backend)
+        start = ChainStart(config, config.run_instances())
+        m0 = start.alignment()
+        runs, rec = self._advance(start, np.zeros(1, np.int64), 0)
+        result = RunResult(replace(config, dtype="float64"), start.instances,
+                           np.zeros(1, np.int64), {"cross": rec.cross, "gram": rec.gram,
+                                                   "lam_hat": rec.lam_hat},
+                           runs.div_step.copy(), m0, "cpu", engine=ENGINE)
+        return start.learner.trajectory(result)
+
+
+def loss_levels_supported(config, instance) -> tuple[bool, str]:
+    """(True, "") where the kernel evaluates the exact loss every step: unit rows and a
+    unit-row (fine-tuned) teacher, whose loss is a sum of dual kernels."""
+    o = config.options
+    if getattr(o, "rows", "unit") == "free" or instance.committee:
+        return False, ("first passages of the loss: the network chain evaluates the exact loss "
+                       "every step for unit rows and a fine-tuned teacher only (free rows or a "
+                       "committee teacher: use levels on the alignment, or a trajectory)")
+    return True, ""
+
+
+def kernel_series(activation) -> tuple[int, np.ndarray, float]:
+    """(mode, coefficients, error bound) of the dual kernel K for the kernel's loss rule:
+    a polynomial σ's exact power series Σ μₚ²ρᵖ, else the certified Chebyshev interpolant in
+    θ = arccos ρ (``hermite.kernels.kernel_interpolant``)."""
+    import hermite
+    from hermite.kernels import kernel_interpolant
+
+    from .network_chain import KERNEL_MODES
+
+    degree = getattr(getattr(activation, "theory", activation), "polynomial_degree", None)
+    if degree is not None:
+        mu = np.asarray(hermite.hermite_coefficients(activation, degree), dtype=np.float64)
+        return KERNEL_MODES["power"], np.ascontiguousarray(mu * mu), 0.0
+    interp = kernel_interpolant(activation, "kernel")
+    return (KERNEL_MODES["chebyshev_theta"], np.ascontiguousarray(interp.coef, np.float64),
+            float(interp.error_bound))
 
 
 def _learner(config):
