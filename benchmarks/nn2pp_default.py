@@ -20,8 +20,9 @@ log α; nn2pp's 200 printed rows likewise): the ODE (mean over runs), the SGD me
 standard error and the SGD median; with ``--nn2pp-dat`` files (nn2pp's own output at the same
 setting) their mean ± standard error beside. ``--out`` keeps the trajectory (HDF5).
 
-Usage: ``python benchmarks/nn2pp_default.py [--N 2000 --runs 16 --alpha-max 1000]``
-(≈ 10 min on 2 shared cores at the defaults).
+Usage: ``python benchmarks/nn2pp_default.py [--N 2000 --runs 16 --alpha-max 1000]
+[--engine reduced]`` (≈ 10 min on 2 shared cores at the defaults on the full engine; the
+exact network chain, ``--engine reduced``, spends its time on the committee ODE).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ ALPHAS = (1, 10, 50, 100, 200, 300, 500, 700, 1000)
 
 def nn2pp_config(N: int, K: int, M: int, lr: float, alpha_max: float, runs: int, seed: int,
                  teacher: str = "gaussian", checkpoints: int = 240,
-                 streams: str = "counter") -> RunConfig:
+                 streams: str = "counter", engine: str = "full") -> RunConfig:
     """The loradyn run of nn2pp's setting (module docstring: the mapping)."""
     spec = {"activation": "erf(x/sqrt2)", "teacher": "committee", "k": M, "d": N,
             "W": teacher, "lam": "ones", "seed": seed}
@@ -50,7 +51,8 @@ def nn2pp_config(N: int, K: int, M: int, lr: float, alpha_max: float, runs: int,
         opts |= {"width": K}
     return RunConfig(spec, learner="scratch", eta=lr / (2 * N), steps=int(alpha_max * N),
                      runs=runs, seed=seed, checkpoints=checkpoints, spacing="log",
-                     streams=streams, instance_seeds="per_run", **opts).validate()
+                     streams=streams, instance_seeds="per_run", engine=engine,
+                     **opts).validate()
 
 
 def at_alpha(alpha: np.ndarray, values: np.ndarray, alphas) -> np.ndarray:
@@ -90,13 +92,16 @@ def main() -> None:
     ap.add_argument("--teacher", choices=("gaussian", "orthonormal"), default="gaussian",
                     help="Teacher rows N(0, I/N) (nn2pp's B ~ N(0,1)) or exactly T = I.")
     ap.add_argument("--streams", default="counter")
+    ap.add_argument("--engine", choices=("full", "reduced", "auto"), default="full",
+                    help="full (the O(k′d) engine) or reduced (the exact network chain: "
+                         "the same law at a cost per step independent of N).")
     ap.add_argument("--nn2pp-dat", nargs="*", default=[],
                     help="nn2pp output files (.dat) of the same setting, to print beside.")
     ap.add_argument("--out", default=None, help="Write the trajectory (HDF5) here.")
     args = ap.parse_args()
 
     config = nn2pp_config(args.N, args.K, args.M, args.lr, args.alpha_max, args.runs,
-                          args.seed, args.teacher, streams=args.streams)
+                          args.seed, args.teacher, streams=args.streams, engine=args.engine)
     t0 = time.perf_counter()
     traj = simulate(config)
     wall = time.perf_counter() - t0
@@ -116,7 +121,8 @@ def main() -> None:
         if files else None
     print(f"nn2pp default in loradyn: erf(x/sqrt2), K = {args.K}, M = {args.M}, lr = "
           f"{args.lr} (eta = lr/(2N) = {config.eta:.4g}), N = {args.N}, teacher "
-          f"{args.teacher}, {args.runs} runs, alpha to {args.alpha_max:g}: {wall:.0f} s "
+          f"{args.teacher}, {args.runs} runs, alpha to {args.alpha_max:g}, engine "
+          f"{traj.engine}: {wall:.0f} s "
           f"({args.runs * config.steps / wall:,.0f} run-steps/s)")
     head = (f"{'alpha':>7}  {'ODE (mean)':>11}  {'SGD mean ± SE':>22}  {'SGD median':>11}"
             + (f"  {'nn2pp SGD mean ± SE (' + str(len(files)) + ')':>26}" if files else ""))
