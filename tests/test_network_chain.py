@@ -271,3 +271,23 @@ def test_initial_trajectory_is_the_start_simulate_records():
     np.testing.assert_allclose(start.loss[:, 0], full.loss[:, 0], rtol=1e-13)
     np.testing.assert_array_equal(start.overlap[:, 0], full.overlap[:, 0])
     np.testing.assert_array_equal(start.m0, full.m0)
+
+
+def test_cli_reduced_where_not_exact_is_one_line_and_keeps_files(runner):
+    from pathlib import Path
+
+    from sims.cli import cli
+
+    Path("x.h5").write_bytes(b"earlier results")
+    args = ["run", "spec.toml", "--learner", "scratch", "--steps", "50", "--runs", "2"]
+    res = runner.invoke(cli, [*args, "--engine", "reduced", "--set", "d=7", "--out", "x.h5",
+                              "--force"])
+    assert res.exit_code != 0
+    assert "d ≥ k + 1 + k′ + b = 8" in res.output and len(res.output.strip().splitlines()) == 1
+    assert Path("x.h5").read_bytes() == b"earlier results"
+    res = runner.invoke(cli, [*args, "--engine", "auto", "--out", "y.h5"])
+    assert res.exit_code == 0, res.output
+    from sims.io import read_trajectory
+
+    traj, meta = read_trajectory("y.h5")
+    assert traj.engine == "reduced" and np.isfinite(traj.loss).all()
