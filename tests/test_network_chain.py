@@ -36,7 +36,7 @@ VARIANTS = {
     "csq": ("scratch-csq", FINETUNED, {}),
     "batch4-noise": ("scratch", FINETUNED, {"batch": 4, "label_noise": 0.1}),
     "committee-free": ("scratch", COMMITTEE, {"rows": "free"}),
-    "committee-unit": ("scratch", {**COMMITTEE, "activation": "tanh"}, {}),
+    "committee-unit": ("scratch", {**COMMITTEE, "activation": "relu"}, {}),
     "sparse": ("sparse", {**FINETUNED, "k": 3}, {"sparse_rows": 2}),
 }
 
@@ -291,3 +291,63 @@ def test_cli_reduced_where_not_exact_is_one_line_and_keeps_files(runner):
 
     traj, meta = read_trajectory("y.h5")
     assert traj.engine == "reduced" and np.isfinite(traj.loss).all()
+
+
+# ---------------------------------------------------------------- 4. the CUDA kernel
+CUDA_SCRIPT = '''
+import sys, warnings
+import numpy as np
+warnings.simplefilter("ignore")  # uint64 wrap-around of the interpreted RNG
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1] + "/tests")
+from test_network_chain import advance_cuda_case
+np.savez(sys.argv[2], **{f"{n}:{i}": a for n in sys.argv[3:]
+                         for i, a in enumerate(advance_cuda_case(n, "numba-cuda"))})
+'''
+CUDA_CASES = ("unit", "batch4-noise", "committee-free", "sparse")
+
+
+def advance_cuda_case(variant: str, backend: str):
+    """A few steps of ``variant`` through the chain's driver on ``backend``: the records,
+    streams, widths and the alignment stop's hit steps."""
+    from dynamics.reduced.network_simulate import ChainStart, NetworkChain
+
+    config = config_of(variant, 30, runs=3, steps=12, eta=0.05)
+    chain = NetworkChain()
+    start = ChainStart(config, config.run_instances())
+    runs, rec = chain._advance(start, np.array([0, 5, 12]), 12, backend=backend)
+    level = float(start.alignment().max()) + 0.01
+    start = ChainStart(config, config.run_instances())
+    stop, _ = chain._advance(start, np.zeros(0, np.int64), 12, stop_kind="alignment",
+                             stop_level=level, backend=backend)
+    return (rec.cross, rec.gram, rec.lam_hat, runs.states.astype(np.float64),
+            runs.m.astype(np.float64), stop.hit_step.astype(np.float64))
+
+
+def test_cuda_kernel_in_simulator_equals_cpu_kernel(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBA_DISABLE_JIT="1")
+    out = tmp_path / "cuda.npz"
+    proc = subprocess.run([sys.executable, "-c", CUDA_SCRIPT, root, str(out), *CUDA_CASES],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sim = np.load(out)
+    for name in CUDA_CASES:
+        cpu = advance_cuda_case(name, "numba")
+        assert np.ptp(cpu[0][:, -1]) > 0, name  # the runs really moved apart
+        for i, ref in enumerate(cpu):
+            np.testing.assert_allclose(sim[f"{name}:{i}"], ref, rtol=1e-12, atol=1e-13,
+                                       err_msg=f"{name}, array {i}")
+
+
+def test_cuda_backend_needs_a_cuda_device():
+    from dynamics.reduced.network_simulate import NetworkChain
+
+    with pytest.raises(ValueError, match="numba-cuda backend runs on device 'cuda' only"):
+        NetworkChain().simulate(config_of("unit", 30), backend="numba-cuda")
+    with pytest.raises(ValueError, match="backend must be one of numba, numba-cuda"):
+        NetworkChain().simulate(config_of("unit", 30), backend="torch")

@@ -140,7 +140,7 @@ class NetworkChain(ExactChain):
         return True, ""
 
     def _advance(self, start: ChainStart, steps, n_steps, *, stop_kind="none",
-                 stop_level=math.inf, rest_dim=None):
+                 stop_level=math.inf, rest_dim=None, backend="numba"):
         """Run the kernel on ``start`` (in place): (NetRuns, NetRecords)."""
         config, inst0 = start.config, start.instances[0]
         runs, k, width = len(start.instances), inst0.k, start.learner.width
@@ -159,21 +159,28 @@ class NetworkChain(ExactChain):
                              config.step_size_c, math.sqrt(config.label_noise), config.batch,
                              inst0.d - start.t if rest_dim is None else rest_dim, n_steps,
                              STOP_KINDS[stop_kind], stop_level, start.kernel[0])
-        with numba.parallel_chunksize(1):
-            advance_network(hyp, start.V, start.ident, start.lam, run_state, rec,
-                            start.teacher_term, start.kernel[1])
+        args = (hyp, start.V, start.ident, start.lam, run_state, rec, start.teacher_term,
+                start.kernel[1])
+        if backend == "numba-cuda":
+            from .network_cuda import advance_network as advance_cuda
+
+            advance_cuda(*args)
+        else:
+            with numba.parallel_chunksize(1):
+                advance_network(*args)
         return run_state, rec
 
     def simulate(self, config, *, instances=None, backend=None, _chi2_dof=None) -> Trajectory:
         """The Trajectory of ``config``: the full engine's observables (the learner's own
         ``trajectory``) from the chain's records. ``_chi2_dof``: test hook, the rest
         dimension d − t replaced (a wrong χ² law)."""
-        _check_backend(backend)
+        backend = _check_backend(config, backend)
         instances = config.run_instances() if instances is None else instances
         start = ChainStart(config, instances)
         m0 = start.alignment()
         steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
-        runs, rec = self._advance(start, steps, int(steps[-1]), rest_dim=_chi2_dof)
+        runs, rec = self._advance(start, steps, int(steps[-1]), rest_dim=_chi2_dof,
+                                  backend=backend)
         result = RunResult(replace(config, dtype="float64"), start.instances, np.asarray(steps),
                            {"cross": rec.cross, "gram": rec.gram, "lam_hat": rec.lam_hat},
                            runs.div_step.copy(), m0, "cpu", engine=ENGINE)
@@ -187,7 +194,7 @@ class NetworkChain(ExactChain):
         by ``max_steps`` (default ``config.steps``); diverged runs never. ``absolute`` is
         moot (the scratch alignment is ≥ 0; ``sparse``'s signed cos(vᵢ, ŵᵢ) is compared as
         it is)."""
-        _check_backend(backend)
+        backend = _check_backend(config, backend)
         if quantity not in ("overlap", "loss"):
             raise ValueError(f"first passages of 'overlap' or 'loss', got {quantity!r}")
         instances = config.run_instances()
@@ -207,7 +214,7 @@ class NetworkChain(ExactChain):
             else:
                 there = start.alignment() >= level
             runs, _ = self._advance(start, np.zeros(0, np.int64), n, stop_kind=kind,
-                                    stop_level=float(level))
+                                    stop_level=float(level), backend=backend)
             hit = runs.hit_step.astype(float)
             hit[runs.hit_step < 0] = np.nan
             hit[there] = 0.0
@@ -216,10 +223,10 @@ class NetworkChain(ExactChain):
 
     def initial_trajectory(self, config, *, backend=None) -> Trajectory:
         """The runs' start alone (one checkpoint, step 0), as :meth:`simulate` records it."""
-        _check_backend(backend)
+        backend = _check_backend(config, backend)
         start = ChainStart(config, config.run_instances())
         m0 = start.alignment()
-        runs, rec = self._advance(start, np.zeros(1, np.int64), 0)
+        runs, rec = self._advance(start, np.zeros(1, np.int64), 0, backend=backend)
         result = RunResult(replace(config, dtype="float64"), start.instances,
                            np.zeros(1, np.int64), {"cross": rec.cross, "gram": rec.gram,
                                                    "lam_hat": rec.lam_hat},
@@ -262,6 +269,21 @@ def _learner(config):
     return get_learner(config.learner)
 
 
-def _check_backend(backend) -> None:
-    if backend not in (None, "numba"):
-        raise ValueError(f"the network chain has only the numba backend, got {backend!r}")
+BACKENDS = ("numba", "numba-cuda")
+
+
+def _check_backend(config, backend) -> str:
+    """The backend: ``numba`` (CPU) or ``numba-cuda`` (one thread per run; the default when
+    the config's device is CUDA)."""
+    from ..sampling import resolve_device
+
+    device = resolve_device(config.device).type
+    if backend is None:
+        backend = "numba-cuda" if device == "cuda" else "numba"
+    if backend not in BACKENDS:
+        raise ValueError(f"the network chain's backend must be one of {', '.join(BACKENDS)}, "
+                         f"got {backend!r}")
+    if backend == "numba-cuda" and device != "cuda":
+        raise ValueError(f"the numba-cuda backend runs on device 'cuda' only, got "
+                         f"{config.device!r}")
+    return backend
