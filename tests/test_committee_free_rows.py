@@ -187,7 +187,7 @@ def test_free_row_sample_gradients_match_autograd(learner, teacher, batch):
     state.rows += 0.3 * torch.as_tensor(gen.standard_normal(state.rows.shape))
     x = torch.as_tensor(gen.standard_normal((2, batch, 13)))
     grad_w, grad_l, loss = lrn.sample_gradients(state, x)
-    v = lrn._teacher_rows()
+    v = lrn.teacher_rows()
     sig = problem.activation.fn
     for r in range(2):
         for b in range(batch):
@@ -378,8 +378,10 @@ def test_nn2pp_mapping_is_exact():
     theirs = CommitteeModel(scaled_erf(), np.eye(2), np.ones(2), lr=lr, loss_scale=0.5)
     start = CommitteeState.from_arrays(np.eye(2) + 0.1, 0.01 * np.eye(2) + 0.02)
     alphas = np.array([0.0, 1.0, 10.0, 50.0])
-    a = committee_ode(ours, start, alphas, integrator="rk4", dt=0.01)
-    b = committee_ode(theirs, start, alphas, integrator="rk4", dt=0.01)
+    # the same RK4 on both vector fields: dt = 0.05 (5× cheaper than 0.01, same curves to 1e-8)
+    # still separates a mapping off by 0.1% in η̄ (relative loss gap 4e-4 ≫ 1e-12)
+    a = committee_ode(ours, start, alphas, integrator="rk4", dt=0.05)
+    b = committee_ode(theirs, start, alphas, integrator="rk4", dt=0.05)
     np.testing.assert_allclose(a.loss / 2, b.loss, rtol=1e-12)
     np.testing.assert_allclose(a.alignment, b.alignment, rtol=1e-12)
 

@@ -65,12 +65,14 @@ def test_one_step_drift_of_m(activation, m, u_alpha):
     assert abs(dm.mean() - expect) < 4 * dm.std() / np.sqrt(n)
 
 
-# The ODE test below: d = 4000, 64 runs, η = c/d, c = 0.05. Its tolerance is set by the O(c)
+# The ODE test below: d = 1000, 64 runs, η = c/d, c = 0.05. Its tolerance is set by the O(c)
 # renormalisation drift ρ(m) = c m E[g²] / (2 h(m)(u⊥² − m²)) that the population ODE leaves out
-# (docs/conventions.md, "Choosing η"): the SGD mean lags the ODE by ≈ ρ·m, here ≲ 0.02; the
+# (docs/conventions.md, "Choosing η"): the SGD mean lags the ODE by ≈ ρ·m, here ≲ 0.022; the
 # statistical error of the mean of 64 runs is ≲ 0.003. Well-specified ĉ = c, so there is no
-# noise floor.
-ODE_SPEC = {"activation": "erf", "k": 8, "d": 4000, "xi": 2.0, "seed": 1, "c_hat": "teacher"}
+# noise floor. At fixed c both are d-free: the max gap was 0.023 at d = 4000 and 2000 and 0.022
+# at d = 1000 (same curve of mean − ODE), so d = 1000 (~10× cheaper: steps ∝ d log d, cost per
+# step ∝ d) has the same power; an η off by 15% in the engine gives a gap of 0.043 > ODE_TOL.
+ODE_SPEC = {"activation": "erf", "k": 8, "d": 1000, "xi": 2.0, "seed": 1, "c_hat": "teacher"}
 ODE_C = 0.05
 ODE_TOL = 0.035  # max |mean overlap − mean ODE| over the whole curve
 
@@ -82,7 +84,8 @@ def test_mean_overlap_follows_population_ode():
     eta = ODE_C / d
     steps = int(hermite.steps_to_reach(inst, eta, np.array([1 / np.sqrt(d)]), 0.85))
     config = RunConfig(instance=ODE_SPEC, eta=eta, steps=steps, runs=64, seed=3,
-                       init="aligned", dtype="float32", checkpoints=16, spacing="linear")
+                       init="aligned", dtype="float32", checkpoints=16, spacing="linear",
+                       finite_d_theory=False)  # only the population ODE is compared
     traj = simulate(config)
     mean, ode = traj.overlap.mean(0), traj.ode.mean(0)
     se = traj.overlap.std(0) / np.sqrt(traj.runs)

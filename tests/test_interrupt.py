@@ -119,9 +119,23 @@ def test_interrupted_run_never_replaces_a_file_without_force(tmp_path):
     assert (tmp_path / "keep.h5").read_bytes() == b"precious"
 
 
+def _compile_reduced_kernel_here():
+    """Run the reduced engine once in this process, on the instance and settings of the CLI run
+    below but 20 steps (no finite-d theory): numba compiles the chain's kernels here (or loads
+    them, ~1 s) and writes their on-disk cache, so the subprocess loads them instead of
+    compiling them cold (~45 s of CPU after any edit of dynamics/reduced/, which drops that
+    cache; the worker compiles them for its other reduced-engine tests anyway)."""
+    from dynamics.engine import simulate
+
+    instance = {"activation": "relu", "k": 3, "d": 20, "xi": 1.0, "seed": 9}
+    simulate(RunConfig(instance=instance, engine="reduced", runs=3, eta=0.002, steps=20,
+                       checkpoints=20, spacing="linear", finite_d_theory=False))
+
+
 def test_reduced_engine_finishes_its_kernel_then_exits(tmp_path):
     """The reduced engine's choice: a signal during its kernel is honoured when the kernel
     returns; the run is finished then, so the complete (unmarked) file is written."""
+    _compile_reduced_kernel_here()
     (tmp_path / "spec.toml").write_text(SPEC)
     res = _loradyn(tmp_path, "run", "spec.toml", *RUN, "--engine", "reduced", "--out",
                    "red.h5", chunks=0, sig="TERM")

@@ -42,9 +42,9 @@ def test_trajectory_fields_and_dispatch():
 def test_auto_engine_picks_reduced_and_unknown_learner_is_refused():
     assert simulate(_config(engine="auto", steps=5)).engine == "reduced"
     bad = _config()
-    bad.learner = "scratch"
+    bad.learner = "moment"
     ok, why = reduced_supported(bad)
-    assert not ok and "scratch" in why
+    assert not ok and "moment" in why
     with pytest.raises(ValueError):
         simulate_reduced(bad)
 

@@ -17,7 +17,8 @@ D = 1_000_000
 def test_mean_overlap_tracks_population_ode_at_d_1e6():
     config = RunConfig(instance=dict(activation="relu", k=8, d=D, xi=1.0, seed=3),
                        eta=0.03 / D, steps=28 * D, runs=4, seed=2, init="aligned",
-                       checkpoints=40, spacing="linear", engine="reduced")
+                       checkpoints=40, spacing="linear", engine="reduced",
+                       finite_d_theory=False)  # only the population ODE is compared
     tr = simulate_reduced(config)
     mean, ode = tr.overlap.mean(0), tr.ode.mean(0)
     assert np.isfinite(ode).all()

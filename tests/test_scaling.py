@@ -184,12 +184,14 @@ def test_bad_scaling_mode(data, message):
         parse_scaling(data)
 
 
-def test_first_passage_mode_needs_the_reduced_finetune_chain():
+def test_first_passage_mode_needs_a_reduced_chain_that_records_its_start():
     data = base(mode="first_passage")
     data["base"]["engine"] = "full"
     with pytest.raises(SweepSpecError, match="trajectory = false needs the reduced engine"):
         parse_scaling(data).sweep.cells()
     data = base(mode="first_passage")
-    data["base"]["learner"] = "scratch"
-    with pytest.raises(SweepSpecError, match="needs the reduced engine and the finetune"):
+    data["base"]["learner"] = "moment"
+    with pytest.raises(SweepSpecError, match="needs the reduced engine and an exact chain"):
         parse_scaling(data).sweep.cells()
+    data["base"]["learner"] = "scratch"  # the network chain records its start too
+    assert parse_scaling(data).sweep.cells()

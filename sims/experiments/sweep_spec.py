@@ -146,9 +146,9 @@ class SweepSpec:
             chain = get_learner(config.learner).exact_chain()
             if config.engine == "full" or not ok or not chain.records_start:
                 raise SweepSpecError(
-                    f"{where}: trajectory = false needs the reduced engine and the finetune "
-                    f"learner's chain, one that records the start alone "
-                    f"({why or 'engine ' + repr(config.engine)})")
+                    f"{where}: trajectory = false needs the reduced engine and an exact "
+                    f"chain that records the start alone (finetune, scratch, scratch-csq, "
+                    f"sparse) ({why or 'engine ' + repr(config.engine)})")
         digest = cell_hash(config, self.first_passage, self.absolute, self.trajectory)
         return Cell(index, setting, config, self.first_passage, self.absolute, digest,
                     self.trajectory)
