@@ -15,10 +15,11 @@ first-passage times. Per run:
 * T_strong — the step from which the overlap stays ≥ 1 − ε: the checkpoint after the last one
   below 1 − ε; never (NaN) if the last checkpoint is below.
 
-``mode = "first_passage"`` (reduced engine; finetune and the network learners, whose chains record the start alone) records no trajectory: every run stops
-at its exact first passage of each level, so a cell costs the hitting times instead of the
-horizon, and T_strong is then the exact first passage of 1 − ε (strong recovery in the sense
-of Thm 11–13: the overlap reaches 1 − ε; ε should leave 1 − ε below the noise floor).
+``mode = "first_passage"`` (reduced engine; finetune and the network learners, whose chains
+record the start alone) records no trajectory: every run stops at its exact first passage
+of each level, so a cell costs the hitting times instead of the horizon, and T_strong is
+then the exact first passage of 1 − ε (strong recovery in the sense of Thm 11–13: the
+overlap reaches 1 − ε; ε should leave 1 − ε below the noise floor).
 
 Both are fitted as log T = a + b log d (:func:`sims.experiments.fit.fit_power_law`,
 bootstrap 95 % CI).
