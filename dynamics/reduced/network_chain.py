@@ -89,7 +89,7 @@ NetRecords = namedtuple("NetRecords", ["cp_steps", "cross", "gram", "lam_hat"])
 NetRecords.__doc__ = """Checkpoint steps (C,) and ⟨vᵢ, ŵⱼ⟩ (R, C, k, k′), Gram (R, C, k′, k′),
 λ̂ (R, C, k′)."""
 NetWork = namedtuple("NetWork", ["xa", "xe", "eps", "dl", "lam_b", "a", "sv", "sd", "ug",
-                                 "gl", "gram", "gr", "alpha", "beta", "hv"])
+                                 "gl", "gram", "gr", "alpha", "beta", "hv", "chi"])
 
 
 def make_net_hyper(code, hp, scale, correlation, free, train, eta, eta_c, noise_sd, batch,
@@ -119,7 +119,7 @@ def _work(b, kp, t, ms):
                    np.zeros((b, b)),
                    np.empty(kp), np.empty(kp), np.empty(kp), np.empty(kp), np.empty(kp),
                    np.empty((b, b)), np.empty((kp, b)), np.empty(kp), np.empty(kp),
-                   np.empty(ms))
+                   np.empty(ms), np.empty((ms + 1, b, 3)))
 
 
 @njit(cache=True, inline="always")
@@ -255,9 +255,9 @@ def _draw(hyp, t, m, st, w):
         if hyp.noise_sd > 0.0:
             e, st = _rng.normal(st)
             w.eps[n] = hyp.noise_sd * e
-    rest = hyp.rest_dim - m
-    for n in range(b):
-        q2, st = _rng.chi2(rest - n, st)
+    for n in range(b):  # χ²_{d−t−m−n}, its Marsaglia–Tsang constants tabulated per (m, n)
+        c = w.chi[m, n]
+        q2, st = _rng.chi2_prepared((np.int64(c[0]), c[1], c[2]), st)
         w.lam_b[n, n] = math.sqrt(q2)
         for l_ in range(n):
             w.lam_b[n, l_], st = _rng.normal(st)
@@ -416,6 +416,12 @@ def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w, teache
     b = hyp.batch
     t = P.shape[1]
     cap = min(Z.shape[1], hyp.rest_dim)  # m + b ≤ cap keeps ≥ b rest dimensions (N3)
+    for mm in range(w.chi.shape[0]):  # the χ² degrees a width mm can ask for (N3)
+        for n in range(b):
+            dof, dd, cc = _rng.chi2_prepare(max(hyp.rest_dim - mm - n, 0))
+            w.chi[mm, n, 0] = dof
+            w.chi[mm, n, 1] = dd
+            w.chi[mm, n, 2] = cc
     cps = rec.cp_steps
     n_cp = cps.shape[0]
     c = 0

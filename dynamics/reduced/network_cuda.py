@@ -29,7 +29,7 @@ def _kernel(hyp, V, ident, lam, runs, rec, teacher_term, coef, work):
     i = runs.inst_idx[r]
     w = NetWork(work[0][r], work[1][r], work[2][r], work[3][r], work[4][r], work[5][r],
                 work[6][r], work[7][r], work[8][r], work[9][r], work[10][r], work[11][r],
-                work[12][r], work[13][r], work[14][r])
+                work[12][r], work[13][r], work[14][r], work[15][r])
     st, m, div, hit = _run_one(r, hyp, V[i], ident[i], lam[i], runs.P[r], runs.Z[r],
                                runs.lam_hat[r], runs.mask[r], runs.states[r], runs.m[r], rec,
                                w, teacher_term[i], coef)
@@ -50,7 +50,7 @@ def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef) -> None:
     n_runs, kp, t = runs.P.shape
     b, ms = hyp.batch, runs.Z.shape[2]
     shapes = ((b, t), (b, ms), (b,), (b, kp), (b, b), (kp,), (kp,), (kp,), (kp,), (kp,),
-              (b, b), (kp, b), (kp,), (kp,), (ms,))  # the fields of NetWork, in order
+              (b, b), (kp, b), (kp,), (kp,), (ms,), (ms + 1, b, 3))  # NetWork's fields
     work = tuple(cuda.to_device(np.zeros((n_runs, *s))) for s in shapes)
     d_runs, d_rec = _to_device(runs), _to_device(rec)
     args = [cuda.to_device(np.ascontiguousarray(a)) for a in (V, ident, lam, teacher_term,

@@ -1,0 +1,205 @@
+"""Theorem 19 measured: fine-tuning's T ∝ d against learning the same teacher from scratch.
+
+Instance (Claim 2): k = 4, W = ``claim2`` (teacher neurons orthonormal), ξ = 1, ĉ = c
+(``c_hat: teacher``), λ = 1, σ = He₃ or He₄ (information exponent p = 3, 4), seed 0.
+
+* Target: L* = Φ(0.9), fine-tuning's exact population loss at overlap 0.9.
+* Fine-tuning (``finetune``, projected, ĉ frozen, rank-1 chain): T_ft = first passage of
+  ⟨û, u⟩ ≥ 0.9 at η = c_ft/d.
+* From scratch (``scratch``: squared loss; ``scratch-csq``: correlation loss; k′ = k random
+  unit rows, λ̂ = λ fixed), on the exact network chain: T = first passage of the exact
+  population loss ≤ L*, checked after every step, at η = c/d^{p/2} (online SGD on
+  information exponent p: Ben Arous et al. 2021 take η ∝ d^{−p/2} up to logs), horizon
+  H·d^{p−1} steps; runs that do not get there by the horizon count as never (censored).
+
+Per (σ, learner, c): the median T over runs at each d (a censored median: NaN once half the
+runs never arrive), the fraction that never arrive, and the slope b of log median T =
+a + b log d with a 95 % bootstrap CI (runs resampled within each d;
+``sims.experiments.fit.fit_power_law``). Lines for comparison: the CSQ lower bound d^{p/2},
+the online-SGD information-exponent law d^{p−1}, and d (fine-tuning).
+
+    python benchmarks/theorem19.py --sigma he3 --d 100 141 200 283 400 --runs 16 \
+        --c 0.05 0.1 --horizon 40 [--out results/theorem19_he3.json --plot ...]
+
+Everything runs on the exact chains (float64, CPU, numba threads = cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import hermite
+from dynamics.config import RunConfig
+from dynamics.instance import build_instance
+from dynamics.reduced import first_passages_reduced
+from dynamics.reduced.network_simulate import NetworkChain
+from sims.experiments.fit import censored_median, fit_power_law
+
+LEVEL = 0.9
+
+
+def spec_for(sigma: str, d: int) -> dict:
+    return {"activation": sigma, "k": 4, "d": d, "xi": 1.0, "W": "claim2", "seed": 0,
+            "c_hat": "teacher"}
+
+
+def degree(sigma: str) -> int:
+    return int(sigma.removeprefix("he"))
+
+
+def target_loss(sigma: str, d: int) -> float:
+    inst = build_instance(spec_for(sigma, d))
+    return float(np.ravel(hermite.population_loss(inst, np.array([LEVEL])))[0])
+
+
+def finetune_times(sigma: str, d: int, runs: int, c_ft: float, seed: int) -> np.ndarray:
+    config = RunConfig(instance=spec_for(sigma, d), learner="finetune", eta=c_ft / d,
+                       steps=int(400 * d), runs=runs, seed=seed, engine="reduced",
+                       finite_d_theory=False)
+    return first_passages_reduced(config, [LEVEL])[0]
+
+
+def scratch_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon: float,
+                  seed: int) -> tuple[np.ndarray, int]:
+    p = degree(sigma)
+    steps = int(math.ceil(horizon * d ** (p - 1)))
+    config = RunConfig(instance=spec_for(sigma, d), learner=learner, eta=c / d ** (p / 2),
+                       steps=steps, runs=runs, seed=seed, engine="reduced",
+                       finite_d_theory=False)
+    hits = NetworkChain().first_passages(config, [target_loss(sigma, d)], quantity="loss")
+    return hits[0], steps
+
+
+def measure(sigma, ds, runs, cs, c_ft, horizon, seed, learners) -> dict:
+    p = degree(sigma)
+    out = {"sigma": sigma, "p": p, "level": LEVEL, "runs": runs, "c_ft": c_ft,
+           "horizon": f"{horizon}·d^{p - 1}", "eta": f"c/d^{p / 2:g}", "rows": []}
+    series: dict = {}
+    for d in ds:
+        t0 = time.perf_counter()
+        ft = finetune_times(sigma, d, runs, c_ft, seed)
+        series.setdefault(("finetune", c_ft), []).append(ft)
+        row = {"d": d, "L*": target_loss(sigma, d),
+               "finetune": {"median": censored_median(ft), "never": float(np.mean(np.isnan(ft)))}}
+        for learner in learners:
+            for c in cs:
+                hits, steps = scratch_times(sigma, learner, d, runs, c, horizon, seed)
+                series.setdefault((learner, c), []).append(hits)
+                row[f"{learner} c={c:g}"] = {"median": censored_median(hits),
+                                             "never": float(np.mean(np.isnan(hits))),
+                                             "horizon": steps}
+        row["seconds"] = time.perf_counter() - t0
+        out["rows"].append(row)
+        print(json.dumps(row, default=float), flush=True)
+    fits = {}
+    for (learner, c), times in series.items():
+        key = f"{learner} c={c:g}"
+        try:
+            fit = fit_power_law(ds, times)
+            fits[key] = {"slope": fit.slope, "ci": list(fit.slope_ci),
+                         "d_fitted": [float(x) for x, m in zip(fit.d, fit.median_T, strict=True)
+                                      if np.isfinite(m)]}
+        except ValueError as err:
+            fits[key] = {"slope": None, "why": str(err)}
+    out["fits"] = fits
+    out["times"] = {f"{k[0]} c={k[1]:g}": [list(map(float, t)) for t in v]
+                    for k, v in series.items()}
+    return out
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """One log-log figure of every series of ``results`` (``measure``'s dicts of one σ): the
+    medians with their fitted slope and CI, the series no fit exists for named with their
+    fraction of runs that never arrived, and the reference laws d, d^{p/2} (CSQ bound) and
+    d^{p−1} (online SGD on information exponent p), anchored at the first measured point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    p, runs = results[0]["p"], results[0]["runs"]
+    fig, ax = plt.subplots(figsize=(7.0, 4.8))
+    notes, drawn, anchors = [], set(), {}
+    for res in results:
+        ds = np.array([r["d"] for r in res["rows"]], dtype=float)
+        for key in res["rows"][0]:
+            if key in ("d", "L*", "seconds") or key in drawn:
+                continue
+            drawn.add(key)
+            med = np.array([r[key]["median"] for r in res["rows"]], dtype=float)
+            never = [r[key]["never"] for r in res["rows"]]
+            fit = res["fits"].get(key if key != "finetune" else f"finetune c={res['c_ft']:g}")
+            if fit is None or fit.get("slope") is None:
+                horizon = res["horizon"]
+                notes.append(f"{key}: never reached L* within {horizon} steps in "
+                             + ", ".join(f"{100 * x:.0f}" for x in never)
+                             + f" % of runs (d = {', '.join(f'{x:g}' for x in ds)})")
+                continue
+            label = (f"{key}: slope {fit['slope']:.2f} [{fit['ci'][0]:.2f}, "
+                     f"{fit['ci'][1]:.2f}]; never {100 * min(never):.0f}–{100 * max(never):.0f} %")
+            ax.loglog(ds, med, "o-", label=label)
+            anchors.setdefault("ft" if key == "finetune" else "scratch", (ds[0], med[0]))
+    dref = np.geomspace(min(r["d"] for res in results for r in res["rows"]),
+                        max(r["d"] for res in results for r in res["rows"]), 20)
+    for expo, name, anchor in ((1.0, "∝ d", "ft"), (p / 2, f"∝ d^{p / 2:g} (CSQ bound)", "scratch"),
+                               (p - 1.0, f"∝ d^{p - 1} (online SGD, info. exponent {p})",
+                                "scratch")):
+        if anchor not in anchors:
+            continue
+        d0, t0 = anchors[anchor]
+        ax.loglog(dref, t0 * (dref / d0) ** expo, ":", color="0.45", lw=1.2, label=name)
+    ax.xaxis.set_major_locator(FixedLocator(sorted({r["d"] for res in results
+                                                    for r in res["rows"]})))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xlabel("d")
+    ax.set_ylabel("steps to L* (median over runs)")
+    ax.set_title(f"Theorem 19: σ = He{p}, k = 4 (claim2), ξ = 1, ĉ = c, {runs} runs per d; "
+                 f"η = c/d (finetune), c/d^{p / 2:g} (from scratch)", fontsize=8)
+    ax.legend(fontsize=7, loc="upper left")
+    if notes:
+        fig.text(0.01, 0.01, "\n".join(notes), fontsize=6.5, va="bottom")
+        fig.subplots_adjust(bottom=0.12 + 0.03 * len(notes))
+    fig.tight_layout(rect=(0, 0.04 * len(notes), 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sigma", default="he3", choices=["he3", "he4"])
+    ap.add_argument("--d", type=int, nargs="+", default=[100, 141, 200, 283, 400])
+    ap.add_argument("--runs", type=int, default=16)
+    ap.add_argument("--c", type=float, nargs="+", default=[0.05, 0.1])
+    ap.add_argument("--c-ft", type=float, default=0.05)
+    ap.add_argument("--horizon", type=float, default=40.0)
+    ap.add_argument("--learners", nargs="+", default=["scratch", "scratch-csq"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--plot", type=Path)
+    ap.add_argument("--replot", type=Path, nargs="+",
+                    help="Draw --plot from these saved --out files (one σ) and exit.")
+    args = ap.parse_args(argv)
+    if args.replot:
+        plot([json.loads(f.read_text()) for f in args.replot], args.plot)
+        return 0
+    res = measure(args.sigma, args.d, args.runs, args.c, args.c_ft, args.horizon, args.seed,
+                  args.learners)
+    print(json.dumps(res["fits"], indent=1, default=float))
+    if args.out:
+        args.out.write_text(json.dumps(res, indent=1, default=float) + "\n")
+    if args.plot:
+        plot([res], args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
