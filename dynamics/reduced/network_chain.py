@@ -62,7 +62,7 @@ from numba import njit, prange
 from hermite.activations_numba import sigma, sigma_and_deriv
 
 from . import _rng
-from ._drive import DIVERGED, RUNNING
+from ._drive import DIVERGED, HIT, RUNNING, drive
 
 __all__ = ["STOP_KINDS", "NetHyper", "NetRuns", "NetRecords", "make_net_hyper", "advance_network",
            "storage_width", "min_dimension", "step_given"]
@@ -407,14 +407,39 @@ def _record(V, P, Z, m, lam_hat, rec, run, c):
         rec.lam_hat[run, c, i] = lam_hat[i]
 
 
+@njit(cache=True, inline="always")
+def _net_step(ctx, sc, _t):
+    """One step of a run for :func:`._drive.drive`: compress if due (N5), draw, update, and
+    the stop rule; sc = (stream, m)."""
+    hyp, V, ident, lam, P, Z, lam_hat, mask, w, teacher_term, coef, cap, _rec, _run = ctx
+    st, m = sc
+    if m + hyp.batch > cap:
+        m = _compress(P, Z, m, hyp.free, w.hv)
+    st = _draw(hyp, P.shape[1], m, st, w)
+    m, status = _update(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w)
+    if status == RUNNING and hyp.stop_kind > 0:
+        if hyp.stop_kind == 3:
+            if _loss(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef) <= hyp.stop_level:
+                status = HIT
+        elif _alignment(V, P, Z, m, hyp.free, hyp.stop_kind == 2) >= hyp.stop_level:
+            status = HIT
+    return (st, m), status
+
+
+@njit(cache=True, inline="always")
+def _net_record(ctx, sc, c):
+    """Checkpoint c of the run: its overlaps and λ̂ into the records."""
+    _hyp, V, _ident, _lam, P, Z, lam_hat, _mask, _w, _tt, _coef, _cap, rec, run = ctx
+    _record(V, P, Z, sc[1], lam_hat, rec, run, c)
+
+
 @njit(cache=True, _nrt=False, fastmath={"reassoc", "contract"})  # no NRT: see ._drive
 def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w, teacher_term,
              coef):
     """Advance one run (P, Z, λ̂ in place) by up to ``hyp.n_steps`` steps from its stream
-    ``st`` and width m, recording at the checkpoints; returns (stream, m, div_step,
-    hit_step), the steps as in :mod:`._drive` (−1: never)."""
+    ``st`` and width m, recording at the checkpoints (:func:`._drive.drive`); returns
+    (stream, m, div_step, hit_step)."""
     b = hyp.batch
-    t = P.shape[1]
     cap = min(Z.shape[1], hyp.rest_dim)  # m + b ≤ cap keeps ≥ b rest dimensions (N3)
     for mm in range(w.chi.shape[0]):  # the χ² degrees a width mm can ask for (N3)
         for n in range(b):
@@ -422,35 +447,10 @@ def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w, teache
             w.chi[mm, n, 0] = dof
             w.chi[mm, n, 1] = dd
             w.chi[mm, n, 2] = cc
-    cps = rec.cp_steps
-    n_cp = cps.shape[0]
-    c = 0
-    step = 0
-    div_step = -1
-    hit_step = -1
-    while True:
-        while c < n_cp and cps[c] == step:
-            _record(V, P, Z, m, lam_hat, rec, run, c)
-            c += 1
-        if step == hyp.n_steps or div_step >= 0 or hit_step >= 0:
-            break
-        if m + b > cap:
-            m = _compress(P, Z, m, hyp.free, w.hv)
-        st = _draw(hyp, t, m, st, w)
-        m, status = _update(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w)
-        step += 1
-        if status == DIVERGED:
-            div_step = step
-        elif hyp.stop_kind == 3:
-            if _loss(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef) <= hyp.stop_level:
-                hit_step = step
-        elif hyp.stop_kind > 0 and _alignment(V, P, Z, m, hyp.free,
-                                              hyp.stop_kind == 2) >= hyp.stop_level:
-            hit_step = step
-    while c < n_cp:  # frozen (diverged or stopped) runs keep their last state
-        _record(V, P, Z, m, lam_hat, rec, run, c)
-        c += 1
-    return st, m, div_step, hit_step
+    ctx = (hyp, V, ident, lam, P, Z, lam_hat, mask, w, teacher_term, coef, cap, rec, run)
+    sc, div_step, hit_step = drive(_net_step, _net_record, ctx, (st, m), hyp.n_steps,
+                                   rec.cp_steps)
+    return sc[0], sc[1], div_step, hit_step
 
 
 @njit(cache=True)
