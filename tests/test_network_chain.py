@@ -168,9 +168,11 @@ LAW_P = 1e-4  # per comparison (fixed seeds: each test is deterministic)
 
 
 def law_config(variant: str, d: int, engine: str, seed: int = 11) -> RunConfig:
-    """~1.5·d steps at η = 0.8/d: every variant moves well away from its start."""
+    """~1.5·d steps at η = 0.8/d: every variant moves well away from its start. The full
+    engine on its counter streams (their law is the default streams':
+    tests/test_learner_network_fast.py::test_counter_streams_same_law_ks)."""
     return config_of(variant, d, engine=engine, runs=LAW_RUNS, steps=int(1.5 * d),
-                     checkpoints=3, eta=0.8 / d, seed=seed)
+                     checkpoints=3, eta=0.8 / d, seed=seed, streams="counter")
 
 
 def ks_pvalues(a, b) -> dict:
