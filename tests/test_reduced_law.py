@@ -1,9 +1,10 @@
 """The reduced engine has the law of the full engine (two-sample KS and means), with power.
 
-512 independent runs of each engine per setting (the full engine on its counter streams); KS on the overlap (and ⟨ĉ,c⟩/‖ĉ‖ when ĉ
-is trained) at 5 checkpoints, Bonferroni-corrected over every comparison in this module
-(family-wise level 1%); means within 4 standard errors. A deliberately wrong chain (χ²_d in
-place of χ²_{d−k−2}) must be rejected, so the comparison has power at these settings.
+512 independent runs of each engine per setting (the full engine on its counter streams);
+KS on the overlap (and ⟨ĉ,c⟩/‖ĉ‖ when ĉ is trained) at 5 checkpoints, Bonferroni-corrected
+over every comparison in this module (family-wise level 1%); means within 4 standard
+errors. A deliberately wrong chain (χ²_d in place of χ²_{d−k−2}) must be rejected, so the
+comparison has power at these settings.
 """
 
 import numpy as np
