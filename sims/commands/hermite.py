@@ -163,6 +163,11 @@ def _fmt(v, spec):
     return "nan" if v is None else format(v, spec)
 
 
+def _reach(values, spec, never="never") -> str:
+    """Steps to reach a level, one per start, comma-separated (``never`` for None)."""
+    return ", ".join(never if v is None else format(v, spec) for v in values)
+
+
 @hermite.command("ode")
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--eta", type=float, required=True, help="Step size eta > 0.")
@@ -252,9 +257,8 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, joi
             click.echo(f"{t:>10d}" + "".join(f"  {_fmt(row[i], '<+14.8f'):<14}"
                                               for row in p["m"]))
         for key in p["steps_to_reach"]:
-            cont = ", ".join("never" if v is None else f"{v:.6g}" for v in p["steps_to_reach"][key])
-            disc = ", ".join("not within horizon" if v is None else f"{v:.0f}"
-                             for v in p["steps_to_reach_discrete"][key])
+            cont = _reach(p["steps_to_reach"][key], ".6g")
+            disc = _reach(p["steps_to_reach_discrete"][key], ".0f", "not within horizon")
             click.echo(f"steps to reach |m| = {key}: continuous {cont}; discrete map {disc}")
         if "corrected" in p:
             c = p["corrected"]
@@ -265,8 +269,7 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, joi
                            f"[{_fmt(c['band_lower'][i], '+.4f')}, "
                            f"{_fmt(c['band_upper'][i], '+.4f')}]")
             for key, vals in c["steps_to_reach"].items():
-                click.echo(f"corrected steps to reach |m| = {key}: " + ", ".join(
-                    "never" if v is None else f"{v:.0f}" for v in vals))
+                click.echo(f"corrected steps to reach |m| = {key}: " + _reach(vals, ".0f"))
         if "step_size" in p:
             r = p["step_size"]
             click.echo(f"step size for <u_hat,u>^2 >= 1 - {r['eps']:g} at d = {r['d']}: "
@@ -342,8 +345,7 @@ def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, t
             click.echo(f"{t:>10d}" + "".join(f"  {_fmt(row[i], '<+14.8f'):<14}"
                                               for key, _ in cols for row in p[key]))
         for key, vals in p["steps_to_reach"].items():
-            click.echo(f"steps to reach |m| = {key}: " + ", ".join(
-                "never" if v is None else f"{v:.6g}" for v in vals))
+            click.echo(f"steps to reach |m| = {key}: " + _reach(vals, ".6g"))
         if "corrected" in p:
             c = p["corrected"]
             click.echo(f"finite-d corrected ODE at d = {c['d']} (O(eta^2 d) renormalisation "
@@ -352,8 +354,8 @@ def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, t
                 click.echo(f"{t:>10d}  corrected m {_fmt(c['m'][0][i], '<+12.8f')}" + (
                     f"  c_overlap {_fmt(c['c_overlap'][0][i], '<+12.8f')}" if joint_c else ""))
             for key, vals in c["steps_to_reach"].items():
-                click.echo(f"corrected steps to reach |m| = {key}: " + ", ".join(
-                    "not within horizon" if v is None else f"{v:.6g}" for v in vals))
+                click.echo(f"corrected steps to reach |m| = {key}: "
+                           + _reach(vals, ".6g", "not within horizon"))
 
     _emit(payload, as_json, human)
 
