@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 from numba import cuda
 
-from .network_chain import NetWork, _run_one
+from .network_chain import NetWork, _run_one, _work
 
 __all__ = ["advance_network", "THREADS_PER_BLOCK"]
 
@@ -48,10 +48,8 @@ def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef) -> None:
     """Same arguments and in-place results as :func:`.network_chain.advance_network` (host
     numpy arrays); the state is copied to the device, advanced in one launch, copied back."""
     n_runs, kp, t = runs.P.shape
-    b, ms = hyp.batch, runs.Z.shape[2]
-    shapes = ((b, t), (b, ms), (b,), (b, kp), (b, b), (kp,), (kp,), (kp,), (kp,), (kp,),
-              (b, b), (kp, b), (kp,), (kp,), (ms,), (ms + 1, b, 3))  # NetWork's fields
-    work = tuple(cuda.to_device(np.zeros((n_runs, *s))) for s in shapes)
+    one = _work(hyp.batch, kp, t, runs.Z.shape[2])  # a run's work arrays, as on the CPU
+    work = tuple(cuda.to_device(np.zeros((n_runs, *a.shape))) for a in one)
     d_runs, d_rec = _to_device(runs), _to_device(rec)
     args = [cuda.to_device(np.ascontiguousarray(a)) for a in (V, ident, lam, teacher_term,
                                                                coef)]

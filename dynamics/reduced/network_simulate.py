@@ -3,6 +3,7 @@ start, simulation and first passages of the alignment."""
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 
@@ -64,14 +65,21 @@ class ChainStart:
         self.m = np.full(len(self.instances), min(width, Z.shape[2]), dtype=np.int64)
         self.mask = self.learner.mask.cpu().numpy().astype(np.float64)
 
+    def copy(self) -> ChainStart:
+        """The same start with state arrays of its own (the kernel advances them in place)."""
+        out = copy.copy(self)
+        out.P, out.Z, out.m, out.lam_hat = (a.copy() for a in (self.P, self.Z, self.m,
+                                                                self.lam_hat))
+        return out
+
     def loss(self) -> np.ndarray:
-        """(R,) the runs' exact population loss now (``dynamics.network_loss``)."""
-        from ..network_loss import network_loss_from_grams
+        """(R,) the runs' exact population loss now (unit rows: the learner module's
+        ``exact_loss``)."""
+        from ..learners.network import exact_loss
 
         cross, gram = self._overlaps()
-        return np.array([network_loss_from_grams(inst.activation, inst.lam, inst.teacher_gram(),
-                                                 self.lam_hat[r], gram[r], cross[r])
-                         for r, inst in enumerate(self.instances)], dtype=float)
+        return exact_loss(self.instances, cross[:, None], gram[:, None],
+                          self.lam_hat[:, None])[:, 0]
 
     def _overlaps(self):
         cross = np.einsum("rkt,rjt->rkj", self.V[self.inst_idx], self.P)
@@ -176,13 +184,18 @@ class NetworkChain(ExactChain):
         dimension d − t replaced (a wrong χ² law)."""
         backend = _check_backend(config, backend)
         instances = config.run_instances() if instances is None else instances
-        start = ChainStart(config, instances)
-        m0 = start.alignment()
         steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
-        runs, rec = self._advance(start, steps, int(steps[-1]), rest_dim=_chi2_dof,
+        return self._record(ChainStart(config, instances), steps, backend, _chi2_dof)
+
+    def _record(self, start: ChainStart, steps, backend, rest_dim=None) -> Trajectory:
+        """Advance ``start`` to ``steps[-1]``, recording at ``steps``: the learner's own
+        trajectory of the records."""
+        m0 = start.alignment()
+        runs, rec = self._advance(start, steps, int(steps[-1]), rest_dim=rest_dim,
                                   backend=backend)
-        result = RunResult(replace(config, dtype="float64"), start.instances, np.asarray(steps),
-                           {"cross": rec.cross, "gram": rec.gram, "lam_hat": rec.lam_hat},
+        result = RunResult(replace(start.config, dtype="float64"), start.instances,
+                           np.asarray(steps), {"cross": rec.cross, "gram": rec.gram,
+                                               "lam_hat": rec.lam_hat},
                            runs.div_step.copy(), m0, "cpu", engine=ENGINE)
         return start.learner.trajectory(result)
 
@@ -207,13 +220,11 @@ class NetworkChain(ExactChain):
             kind = "diagonal" if _learner(config).diagonal_alignment else "alignment"
         n = int(config.steps if max_steps is None else max_steps)
         out = np.full((len(levels), config.runs), np.nan)
+        start = ChainStart(config, instances)
+        now = start.loss() if quantity == "loss" else start.alignment()
         for li, level in enumerate(levels):
-            start = ChainStart(config, instances)
-            if quantity == "loss":
-                there = start.loss() <= level
-            else:
-                there = start.alignment() >= level
-            runs, _ = self._advance(start, np.zeros(0, np.int64), n, stop_kind=kind,
+            there = now <= level if quantity == "loss" else now >= level
+            runs, _ = self._advance(start.copy(), np.zeros(0, np.int64), n, stop_kind=kind,
                                     stop_level=float(level), backend=backend)
             hit = runs.hit_step.astype(float)
             hit[runs.hit_step < 0] = np.nan
@@ -224,14 +235,8 @@ class NetworkChain(ExactChain):
     def initial_trajectory(self, config, *, backend=None) -> Trajectory:
         """The runs' start alone (one checkpoint, step 0), as :meth:`simulate` records it."""
         backend = _check_backend(config, backend)
-        start = ChainStart(config, config.run_instances())
-        m0 = start.alignment()
-        runs, rec = self._advance(start, np.zeros(1, np.int64), 0, backend=backend)
-        result = RunResult(replace(config, dtype="float64"), start.instances,
-                           np.zeros(1, np.int64), {"cross": rec.cross, "gram": rec.gram,
-                                                   "lam_hat": rec.lam_hat},
-                           runs.div_step.copy(), m0, "cpu", engine=ENGINE)
-        return start.learner.trajectory(result)
+        return self._record(ChainStart(config, config.run_instances()),
+                            np.zeros(1, np.int64), backend)
 
 
 def loss_levels_supported(config, instance) -> tuple[bool, str]:
