@@ -307,7 +307,7 @@ def _network_runs(ar, cv, fl):
     """Every run (``prange``: one compiled path whatever the threads, so a run's numbers
     do not depend on R or on the number of threads)."""
     for r in prange(ar.rows.shape[0]):
-        _network_run(r, ar, cv, fl)
+        _network_run(np.int64(r), ar, cv, fl)
 
 
 def network_chunk(rows: torch.Tensor, lam_hat: torch.Tensor, x: torch.Tensor,
@@ -446,7 +446,7 @@ def _linear_run(r, ar, cv, fl):
 def _linear_runs(ar, cv, fl):
     """Every run (``prange``, as :func:`_network_runs`)."""
     for r in prange(ar.delta.shape[0]):
-        _linear_run(r, ar, cv, fl)
+        _linear_run(np.int64(r), ar, cv, fl)
 
 
 def linear_chunk(delta: torch.Tensor, x: torch.Tensor, z: torch.Tensor, y: torch.Tensor,

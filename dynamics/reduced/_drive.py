@@ -12,6 +12,13 @@ code without reference counting, which is how CUDA compiles it anyway): inlined 
 their array arguments, and NRT's reference counting of those copies on every step (which
 LLVM's refcount pruning does not remove across the step's branches) would halve the speed
 of an O(k) step. Such a function must allocate nothing: numba then refuses to compile it.
+
+Only a step's hot pieces are inlined (numba's IR inlining copies the callee's IR at each
+site, which is most of a chain's compile time): the network chain's compression, alignment,
+loss and record are plain calls, which cut its cold compile from 67 s to 27 s and made its
+K = 2 step faster (4.5 → 5.0 M steps/s). The ``prange`` loops call the run function with
+``np.int64(run)``: the index is uint64 inside the parallel gufunc and int64 while typing,
+and each signature was compiled (twice the compile time of every chain).
 """
 
 from __future__ import annotations

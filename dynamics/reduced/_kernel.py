@@ -27,7 +27,8 @@ _NO_GIVEN2 = np.zeros((0, 0))
 def init_runs(seed, n_perp, states, mu, nu):
     """μ₀ = g/√(g² + χ²_{n−1}), ν₀ = √(1 − μ₀²) (R0): the first coordinate of a uniform unit
     vector of Rⁿ, n = n_perp = d − k (û₀ uniform on the sphere of span(W)^⊥). Seeds streams."""
-    for r in prange(mu.shape[0]):
+    for pr in prange(mu.shape[0]):
+        r = np.int64(pr)  # prange's index is uint64 in the gufunc: one signature only
         st = _rng.seed_stream(seed, r)
         g, st = _rng.normal(st)
         q, st = _rng.chi2(n_perp - 1, st)
@@ -47,7 +48,7 @@ def advance_runs(hyp, inst, runs, rec):
     given = (_NO_GIVEN3, _NO_GIVEN2, _NO_GIVEN2, _NO_GIVEN2, _NO_GIVEN3)
     k = runs.chat.shape[1]
     for r in prange(runs.mu.shape[0]):
-        run_index(r, hyp, inst, runs, rec, given, scratch(k, hyp.batch))
+        run_index(np.int64(r), hyp, inst, runs, rec, given, scratch(k, hyp.batch))
 
 
 def advance(*args) -> None:

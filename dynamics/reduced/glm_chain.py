@@ -143,7 +143,7 @@ def advance_glm(hyp, runs, cp_steps, cp_m):
     """All runs of ``runs`` (:class:`GlmRuns`, in place) by ``hyp.n_steps`` steps in
     parallel; checkpoints into cp_m (R, C)."""
     for r in prange(runs.m.shape[0]):
-        _run_glm_index(r, hyp, runs, cp_steps, cp_m)
+        _run_glm_index(np.int64(r), hyp, runs, cp_steps, cp_m)  # one signature (see _kernel)
 
 
 def _start(config: RunConfig, instances=None):

@@ -122,7 +122,7 @@ def _work(b, kp, t, ms):
                    np.empty(ms), np.empty((ms + 1, b, 3)))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _compress(P, Z, m, free, hv):
     """(N5) Z[:, :m] ← its L factor by Householder reflections from the right (columns ≥ k′
     become 0); unit rows renormalised. Returns the new width min(m, k′)."""
@@ -167,7 +167,7 @@ def _compress(P, Z, m, free, hv):
     return new_m
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _alignment(V, P, Z, m, free, diagonal):
     """Mean over teacher rows i of maxⱼ |cos(vᵢ, ŵⱼ)|, or of cos(vᵢ, ŵᵢ) (``diagonal``)
     (``dynamics.learners.network.alignment``)."""
@@ -197,7 +197,7 @@ def _alignment(V, P, Z, m, free, diagonal):
     return total / k
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _dual_kernel(rho, mode, coef):
     """K(ρ) from :data:`KERNEL_MODES` ``mode`` and its coefficients (ρ clipped to [−1, 1])."""
     r = min(1.0, max(-1.0, rho))
@@ -217,7 +217,7 @@ def _dual_kernel(rho, mode, coef):
     return coef[0] + x * b1 - b2
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _loss(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef):
     """Exact population loss E(f* − f̂)² of unit rows against a unit-row teacher:
     λᵀK(VVᵀ)λ (``teacher_term``) + λ̂ᵀK(Ĝ)λ̂ − 2λᵀK(VP̂ᵀ)λ̂ (``dynamics.network_loss``)."""
@@ -386,7 +386,7 @@ def step_given(hyp, V, lam, P, Z, m, lam_hat, mask, xa, xe, lam_b, eps):
     return P, Z, m, lam_hat, status
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _record(V, P, Z, m, lam_hat, rec, run, c):
     k, t = V.shape
     kp = P.shape[0]
@@ -472,7 +472,8 @@ def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef):
     parallel; V (I, k, t) teacher rows, ident (I,) V = [I, 0], λ (I, k) per instance;
     checkpoints into ``rec``. The loss stop rule reads ``teacher_term`` (I,) λᵀK(VVᵀ)λ and
     K's coefficients ``coef`` (``hyp.kernel_mode``)."""
-    for run in prange(runs.P.shape[0]):
+    for prun in prange(runs.P.shape[0]):
+        run = np.int64(prun)  # prange's index is uint64 in the gufunc: one signature only
         i = runs.inst_idx[run]
         _run_index(run, hyp, V[i], ident[i], lam[i], runs, rec, teacher_term[i], coef)
 

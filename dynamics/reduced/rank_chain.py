@@ -101,7 +101,8 @@ def _initial(st, n_perp, r):
 def init_runs(seed, n_perp, states, m_out, b_out):
     """Initial (M₀, B₀) of every run (Q5) and its seeded stream; n_perp = d − k."""
     r = m_out.shape[1]
-    for run in prange(m_out.shape[0]):
+    for prun in prange(m_out.shape[0]):
+        run = np.int64(prun)  # prange's index is uint64 in the gufunc: one signature only
         st = _rng.seed_stream(seed, run)
         m, b, st = _initial(st, n_perp, r)
         m_out[run] = m
@@ -513,7 +514,7 @@ def advance_runs(hyp, inst, runs, rec):
     non-finite state or a singular value > 1 + SV_TOL (the run is frozen before it) / with
     the smallest singular value ≥ stop_level (the run stops); −1 if never."""
     for run in prange(runs.m.shape[0]):
-        _run_index(run, hyp, inst, runs, rec)
+        _run_index(np.int64(run), hyp, inst, runs, rec)
 
 
 def advance(*args) -> None:
