@@ -4,13 +4,14 @@ The learners of rows (``scratch``, ``scratch-csq``, ``sparse``: :mod:`.network`)
 full-rank ``linearized`` (:mod:`.linearized`) cost O(k′d) per step and run. Their torch step
 (``step_prepared_``, kept as the reference) issues ~30 small ops per step, allocates the
 (R, k′, d) gradient and reads it twice. Here one numba call advances every run through every
-step of a chunk (``prange`` over runs: one run's steps are sequential, runs are independent),
+step of a chunk (runs over numba's threads: one run's steps are sequential, runs are independent),
 on the same examples (the engine's streams, so the same numbers up to rounding) and with the
 same update. At b = 1 a row's update and the next step's dot product take ONE pass over the
 row, for four rows at a time (the example and the next one are loaded once per four rows),
 with the arithmetic in the rows' dtype (float32 runs about twice as fast as float64); a row
-of d numbers stays in L1 meanwhile. One compiled path (the ``prange`` driver) serves every
-number of threads, so a run's numbers depend neither on R nor on the threads.
+of d numbers stays in L1 meanwhile. One compiled path (a block of runs, on numba's threads by
+:func:`dynamics.run_threads.over_runs`) serves every number of threads, so a run's numbers
+depend neither on R nor on the threads.
 
 - rows (:func:`network_chunk`): with δ (b, k′) the per-example coefficients of the module
   docstring of :mod:`.network`, Gⱼ = Σ_b δ_bj x_b / b is never formed: ⟨ŵⱼ, Gⱼ⟩ =
@@ -35,12 +36,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 
 from hermite.activations import get_activation
 from hermite.activations_numba import HERMITE_CODE, act_code, sigma_and_deriv
 
 from ..numba_cache import SIGMA_SOURCE, drop_stale_cache
+from ..run_threads import over_runs
 
 __all__ = ["network_chunk", "linear_chunk", "kernel_activation", "examples_view", "RowArrays",
            "ChunkView", "RowFlags", "LinearArrays", "LinearFlags"]
@@ -302,12 +304,16 @@ def _network_run(r, ar, cv, fl):
         a, a_next = a_next, a
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _network_runs(ar, cv, fl):
-    """Every run (``prange``: one compiled path whatever the threads, so a run's numbers
-    do not depend on R or on the number of threads)."""
-    for r in prange(ar.rows.shape[0]):
-        _network_run(np.int64(r), ar, cv, fl)
+@njit(cache=True, nogil=True)
+def _network_block(lo, hi, ar, cv, fl):
+    for r in range(lo, hi):
+        _network_run(r, ar, cv, fl)
+
+
+def _network_runs(ar, cv, fl) -> None:
+    """Every run on numba's threads (``over_runs``: one compiled path whatever the threads,
+    so a run's numbers do not depend on R or on the number of threads)."""
+    over_runs(_network_block, ar.rows.shape[0], ar, cv, fl)
 
 
 def network_chunk(rows: torch.Tensor, lam_hat: torch.Tensor, x: torch.Tensor,
@@ -442,11 +448,15 @@ def _linear_run(r, ar, cv, fl):
         dx, dx_next = dx_next, dx
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _linear_runs(ar, cv, fl):
-    """Every run (``prange``, as :func:`_network_runs`)."""
-    for r in prange(ar.delta.shape[0]):
-        _linear_run(np.int64(r), ar, cv, fl)
+@njit(cache=True, nogil=True)
+def _linear_block(lo, hi, ar, cv, fl):
+    for r in range(lo, hi):
+        _linear_run(r, ar, cv, fl)
+
+
+def _linear_runs(ar, cv, fl) -> None:
+    """Every run on numba's threads (as :func:`_network_runs`)."""
+    over_runs(_linear_block, ar.delta.shape[0], ar, cv, fl)
 
 
 def linear_chunk(delta: torch.Tensor, x: torch.Tensor, z: torch.Tensor, y: torch.Tensor,

@@ -1,4 +1,4 @@
-"""The numba drivers: initial law and all R runs in parallel (``prange`` over runs).
+"""The numba drivers: initial law and all R runs on numba's threads (:mod:`dynamics.run_threads`).
 
 Each run draws from its own stream (:mod:`._rng`, seeded from (seed, r)), so results do not
 depend on the number of threads.
@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from hermite.activations_numba import act_code
 
+from ..run_threads import over_runs
 from . import _rng
 from ._chain import FLAT_ARGS, Hyper, Inst, Records, Runs, make_hyper, run_index, run_one, scratch
 from .params import split_flat
@@ -23,12 +24,9 @@ _NO_GIVEN3 = np.zeros((0, 0, 0))
 _NO_GIVEN2 = np.zeros((0, 0))
 
 
-@njit(parallel=True, cache=True)
-def init_runs(seed, n_perp, states, mu, nu):
-    """μ₀ = g/√(g² + χ²_{n−1}), ν₀ = √(1 − μ₀²) (R0): the first coordinate of a uniform unit
-    vector of Rⁿ, n = n_perp = d − k (û₀ uniform on the sphere of span(W)^⊥). Seeds streams."""
-    for pr in prange(mu.shape[0]):
-        r = np.int64(pr)  # prange's index is uint64 in the gufunc: one signature only
+@njit(cache=True, nogil=True)
+def _init_block(lo, hi, seed, n_perp, states, mu, nu):
+    for r in range(lo, hi):
         st = _rng.seed_stream(seed, r)
         g, st = _rng.normal(st)
         q, st = _rng.chi2(n_perp - 1, st)
@@ -38,17 +36,25 @@ def init_runs(seed, n_perp, states, mu, nu):
         states[r] = st
 
 
-@njit(parallel=True, cache=True)
-def advance_runs(hyp, inst, runs, rec):
-    """Advance every run of ``runs`` (:class:`._chain.Runs`, in place) by ``hyp.n_steps``.
+def init_runs(seed, n_perp, states, mu, nu) -> None:
+    """μ₀ = g/√(g² + χ²_{n−1}), ν₀ = √(1 − μ₀²) (R0): the first coordinate of a uniform unit
+    vector of Rⁿ, n = n_perp = d − k (û₀ uniform on the sphere of span(W)^⊥). Seeds streams."""
+    over_runs(_init_block, mu.shape[0], seed, n_perp, states, mu, nu)
 
-    See :func:`._chain.run_one` for the checkpoint, divergence and stop conventions. Call
-    it under ``numba.parallel_chunksize(1)``: with early stops the runs' costs differ.
-    """
+
+@njit(cache=True, nogil=True)
+def _advance_block(lo, hi, hyp, inst, runs, rec):
     given = (_NO_GIVEN3, _NO_GIVEN2, _NO_GIVEN2, _NO_GIVEN2, _NO_GIVEN3)
     k = runs.chat.shape[1]
-    for r in prange(runs.mu.shape[0]):
-        run_index(np.int64(r), hyp, inst, runs, rec, given, scratch(k, hyp.batch))
+    for r in range(lo, hi):
+        run_index(r, hyp, inst, runs, rec, given, scratch(k, hyp.batch))
+
+
+def advance_runs(hyp, inst, runs, rec) -> None:
+    """Advance every run of ``runs`` (:class:`._chain.Runs`, in place) by ``hyp.n_steps`` on
+    numba's threads (:func:`dynamics.run_threads.over_runs`). See :func:`._chain.run_one` for the
+    checkpoint, divergence and stop conventions."""
+    over_runs(_advance_block, runs.mu.shape[0], hyp, inst, runs, rec)
 
 
 def advance(*args) -> None:

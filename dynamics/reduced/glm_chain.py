@@ -42,14 +42,14 @@ import math
 from collections import namedtuple
 from dataclasses import replace
 
-import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from hermite.activations_numba import act_code, sigma, sigma_and_deriv
 
 from ..config import RunConfig
 from ..learners.base import RunResult
+from ..run_threads import over_runs
 from ..sampling import run_seed
 from ..trajectory import Trajectory, checkpoint_steps
 from . import _kernel, _rng
@@ -129,21 +129,18 @@ def _run_glm(r, hyp, sc, cp_steps, cp_m):
     return drive(_glm_step, _glm_record, ctx, sc, hyp.n_steps, cp_steps)
 
 
-@njit(cache=True)
-def _run_glm_index(r, hyp, runs, cp_steps, cp_m):
-    """Run r of ``runs`` (in place). A function of its own: numba loses writes to the arrays
-    of a named tuple made in a ``prange`` body (numba issue #7135)."""
-    sc, runs.div_step[r], runs.hit_step[r] = _run_glm(
-        r, hyp, (runs.states[r], runs.m[r], runs.nu[r]), cp_steps, cp_m)
-    runs.states[r], runs.m[r], runs.nu[r] = sc
+@njit(cache=True, nogil=True)
+def _advance_block(lo, hi, hyp, runs, cp_steps, cp_m):
+    for r in range(lo, hi):
+        sc, runs.div_step[r], runs.hit_step[r] = _run_glm(
+            r, hyp, (runs.states[r], runs.m[r], runs.nu[r]), cp_steps, cp_m)
+        runs.states[r], runs.m[r], runs.nu[r] = sc
 
 
-@njit(parallel=True, cache=True)
-def advance_glm(hyp, runs, cp_steps, cp_m):
-    """All runs of ``runs`` (:class:`GlmRuns`, in place) by ``hyp.n_steps`` steps in
-    parallel; checkpoints into cp_m (R, C)."""
-    for r in prange(runs.m.shape[0]):
-        _run_glm_index(np.int64(r), hyp, runs, cp_steps, cp_m)  # one signature (see _kernel)
+def advance_glm(hyp, runs, cp_steps, cp_m) -> None:
+    """All runs of ``runs`` (:class:`GlmRuns`, in place) by ``hyp.n_steps`` steps on numba's
+    threads (:func:`dynamics.run_threads.over_runs`); checkpoints into cp_m (R, C)."""
+    over_runs(_advance_block, runs.m.shape[0], hyp, runs, cp_steps, cp_m)
 
 
 def _start(config: RunConfig, instances=None):
@@ -171,9 +168,7 @@ def _advance(config, instances, act, states, m, nu, cp, n_steps, stop_level=math
     hyp = GlmHyper(act[0], act[1], int(dof), float(config.eta), config.batch,
                    math.sqrt(config.label_noise), int(n_steps), float(stop_level),
                    bool(stop_abs))
-    with numba.parallel_chunksize(1):  # runs to threads one at a time (unequal costs)
-        advance_glm(hyp, GlmRuns(states, m, nu, div, hit), np.asarray(cp, dtype=np.int64),
-                    cp_m)
+    advance_glm(hyp, GlmRuns(states, m, nu, div, hit), np.asarray(cp, dtype=np.int64), cp_m)
     return cp_m, div, hit
 
 

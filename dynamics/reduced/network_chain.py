@@ -57,10 +57,11 @@ import math
 from collections import namedtuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from hermite.activations_numba import sigma, sigma_and_deriv
 
+from ..run_threads import over_runs
 from . import _rng
 from ._drive import DIVERGED, HIT, RUNNING, drive
 
@@ -453,27 +454,24 @@ def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w, teache
     return sc[0], sc[1], div_step, hit_step
 
 
-@njit(cache=True)
-def _run_index(run, hyp, V, ident, lam, runs, rec, teacher_term, coef):
-    """Run ``run`` of ``runs`` with its work arrays. A function of its own: numba loses
-    writes to the arrays of a named tuple made in a ``prange`` body (numba issue #7135)."""
+@njit(cache=True, nogil=True)
+def _advance_block(lo, hi, hyp, V, ident, lam, runs, rec, teacher_term, coef):
+    """Runs lo … hi − 1 of ``runs`` (in place), each with its work arrays."""
     kp, t = runs.P.shape[1], runs.P.shape[2]
-    w = _work(hyp.batch, kp, t, runs.Z.shape[2])
-    st, m, div, hit = _run_one(run, hyp, V, ident, lam, runs.P[run], runs.Z[run],
-                               runs.lam_hat[run], runs.mask[run], runs.states[run],
-                               runs.m[run], rec, w, teacher_term, coef)
-    runs.states[run], runs.m[run] = st, m
-    runs.div_step[run], runs.hit_step[run] = div, hit
-
-
-@njit(parallel=True, cache=True)
-def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef):
-    """Advance every run of ``runs`` (:class:`NetRuns`, in place) by ``hyp.n_steps`` steps in
-    parallel; V (I, k, t) teacher rows, ident (I,) V = [I, 0], λ (I, k) per instance;
-    checkpoints into ``rec``. The loss stop rule reads ``teacher_term`` (I,) λᵀK(VVᵀ)λ and
-    K's coefficients ``coef`` (``hyp.kernel_mode``)."""
-    for prun in prange(runs.P.shape[0]):
-        run = np.int64(prun)  # prange's index is uint64 in the gufunc: one signature only
+    for run in range(lo, hi):
         i = runs.inst_idx[run]
-        _run_index(run, hyp, V[i], ident[i], lam[i], runs, rec, teacher_term[i], coef)
+        w = _work(hyp.batch, kp, t, runs.Z.shape[2])
+        st, m, div, hit = _run_one(run, hyp, V[i], ident[i], lam[i], runs.P[run], runs.Z[run],
+                                   runs.lam_hat[run], runs.mask[run], runs.states[run],
+                                   runs.m[run], rec, w, teacher_term[i], coef)
+        runs.states[run], runs.m[run] = st, m
+        runs.div_step[run], runs.hit_step[run] = div, hit
 
+
+def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef) -> None:
+    """Advance every run of ``runs`` (:class:`NetRuns`, in place) by ``hyp.n_steps`` steps on
+    numba's threads (:func:`dynamics.run_threads.over_runs`); V (I, k, t) teacher rows, ident (I,)
+    V = [I, 0], λ (I, k) per instance; checkpoints into ``rec``. The loss stop rule reads
+    ``teacher_term`` (I,) λᵀK(VVᵀ)λ and K's coefficients ``coef`` (``hyp.kernel_mode``)."""
+    over_runs(_advance_block, runs.P.shape[0], hyp, V, ident, lam, runs, rec, teacher_term,
+              coef)

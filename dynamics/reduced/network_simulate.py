@@ -7,7 +7,6 @@ import copy
 import math
 from dataclasses import replace
 
-import numba
 import numpy as np
 
 from ..config import RunConfig
@@ -174,8 +173,7 @@ class NetworkChain(ExactChain):
 
             advance_cuda(*args)
         else:
-            with numba.parallel_chunksize(1):
-                advance_network(*args)
+            advance_network(*args)
         return run_state, rec
 
     def simulate(self, config, *, instances=None, backend=None, _chi2_dof=None) -> Trajectory:

@@ -43,10 +43,11 @@ import math
 from collections import namedtuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from hermite.activations_numba import sigma, sigma_and_deriv
 
+from ..run_threads import over_runs
 from . import _rng
 from ._drive import DIVERGED, HIT, RUNNING, drive
 from .params import split_flat
@@ -97,17 +98,20 @@ def _initial(st, n_perp, r):
     return m, _sym_sqrt(_gram(b), False), st
 
 
-@njit(parallel=True, cache=True)
-def init_runs(seed, n_perp, states, m_out, b_out):
-    """Initial (M₀, B₀) of every run (Q5) and its seeded stream; n_perp = d − k."""
+@njit(cache=True, nogil=True)
+def _init_block(lo, hi, seed, n_perp, states, m_out, b_out):
     r = m_out.shape[1]
-    for prun in prange(m_out.shape[0]):
-        run = np.int64(prun)  # prange's index is uint64 in the gufunc: one signature only
+    for run in range(lo, hi):
         st = _rng.seed_stream(seed, run)
         m, b, st = _initial(st, n_perp, r)
         m_out[run] = m
         b_out[run] = b
         states[run] = st
+
+
+def init_runs(seed, n_perp, states, m_out, b_out) -> None:
+    """Initial (M₀, B₀) of every run (Q5) and its seeded stream; n_perp = d − k."""
+    over_runs(_init_block, m_out.shape[0], seed, n_perp, states, m_out, b_out)
 
 
 N_SCRATCH_R = 4  # (r,)-vectors in the scratch: s, g and spares
@@ -493,28 +497,26 @@ def _run_one(run, hyp, inst, st, state, rec, work):
     return sc[0], div_step, hit_step
 
 
-@njit(cache=True)
-def _run_index(run, hyp, inst, runs, rec):
-    """Run ``run`` of ``runs`` (in place) with its scratch. A function of its own: numba
-    loses writes to the arrays of a named tuple made in a ``prange`` body (issue #7135)."""
+@njit(cache=True, nogil=True)
+def _advance_block(lo, hi, hyp, inst, runs, rec):
+    """Runs lo … hi − 1 of ``runs`` (in place), each with its scratch."""
     k, r = runs.chat.shape[1:]
-    i = inst.inst_idx[run]
-    work = (scratch(k, r), (np.empty(k), np.empty(r), np.empty(r)),
-            (np.empty((r, r)), np.empty((r, r)), np.empty((k, r))))
-    runs.states[run], runs.div_step[run], runs.hit_step[run] = _run_one(
-        run, hyp, (inst.L[i], inst.ident[i], inst.lam[i], inst.C[i], inst.tnorm[i],
-                   inst.xi[i]),
-        runs.states[run], (runs.m[run], runs.b[run], runs.chat[run]), rec, work)
+    for run in range(lo, hi):
+        i = inst.inst_idx[run]
+        work = (scratch(k, r), (np.empty(k), np.empty(r), np.empty(r)),
+                (np.empty((r, r)), np.empty((r, r)), np.empty((k, r))))
+        runs.states[run], runs.div_step[run], runs.hit_step[run] = _run_one(
+            run, hyp, (inst.L[i], inst.ident[i], inst.lam[i], inst.C[i], inst.tnorm[i],
+                       inst.xi[i]),
+            runs.states[run], (runs.m[run], runs.b[run], runs.chat[run]), rec, work)
 
 
-@njit(parallel=True, cache=True)
-def advance_runs(hyp, inst, runs, rec):
+def advance_runs(hyp, inst, runs, rec) -> None:
     """Advance every run of ``runs`` (:class:`RankRuns`, in place) by ``hyp.n_steps``;
     checkpoints into ``rec`` (:class:`RankRecords`). div_step / hit_step: first step with a
     non-finite state or a singular value > 1 + SV_TOL (the run is frozen before it) / with
     the smallest singular value ≥ stop_level (the run stops); −1 if never."""
-    for run in prange(runs.m.shape[0]):
-        _run_index(np.int64(run), hyp, inst, runs, rec)
+    over_runs(_advance_block, runs.m.shape[0], hyp, inst, runs, rec)
 
 
 def advance(*args) -> None:

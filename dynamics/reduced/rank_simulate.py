@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 import torch
 
@@ -119,8 +118,8 @@ def _advance(config, linst, arrays, states, m, b, cp, n_steps, stop_level=math.i
                                arrays["tnorm"], arrays["xi"], arrays["idx"])
     runs_ = rank_chain.RankRuns(states, m, b, chat, div, hit)
     rec = rank_chain.RankRecords(np.asarray(cp, dtype=np.int64), cp_m, cp_chat)
-    with numba.parallel_chunksize(1):  # flat, through rank_chain.advance (a test patches it)
-        rank_chain.advance(*join_flat(rank_chain.FLAT_ARGS, hyp, inst, runs_, rec))
+    # flat, through rank_chain.advance (a test patches it)
+    rank_chain.advance(*join_flat(rank_chain.FLAT_ARGS, hyp, inst, runs_, rec))
     return cp_m, (cp_chat if config.options.joint_c else None), div, hit
 
 

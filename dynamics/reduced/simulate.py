@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numba
 import numpy as np
 import torch
 
@@ -168,11 +167,10 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
     hyp = make_hyper(config.options.project, config.options.joint_c, code, hp, dof, config.eta,
                      config.step_size_c, config.batch, common["noise_sd"], n_steps,
                      stop_level, stop_abs)
-    with numba.parallel_chunksize(1):  # runs to threads one at a time (unequal costs)
-        advance(hyp, Inst(params.L, params.ident, params.prm, params.inst_idx),
-                Runs(states, mu, nu, pw, chat, div, hit),
-                Records(np.asarray(cp, dtype=np.int64), rec["m"], rec["mu"], rec["nu"],
-                        rec["pw"], rec["chat"]))
+    advance(hyp, Inst(params.L, params.ident, params.prm, params.inst_idx),
+            Runs(states, mu, nu, pw, chat, div, hit),
+            Records(np.asarray(cp, dtype=np.int64), rec["m"], rec["mu"], rec["nu"],
+                    rec["pw"], rec["chat"]))
     rec["pw"] = rec["pw"] if not config.options.project else None
     rec["chat"] = rec["chat"] if config.options.joint_c else None
     return rec, div, hit
