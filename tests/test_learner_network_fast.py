@@ -158,7 +158,7 @@ def test_linearized_full_rank_fast_path_equals_plain_path(case):
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
 @pytest.mark.parametrize("learner", ["scratch", "linearized"])
 def test_parallel_runs_equal_serial_runs(learner):
-    """The prange driver (runs over threads) gives the serial driver's numbers bit for bit."""
+    """Runs in blocks over numba's threads give the one-thread numbers bit for bit."""
     kw = dict(full_rank=True, eval_size=500) if learner == "linearized" else {}
     before = numba.get_num_threads()
     try:

@@ -46,7 +46,7 @@ The ``glm`` learner (single index on the full sphere) has its own exact scalar c
 derived in :mod:`.glm_chain` (numba only); ``simulate_reduced``/``first_passage_reduced``
 dispatch to it.
 
-Backends: ``numba`` (CPU; all runs in a ``prange``, per-run SplitMix64 streams seeded from
+Backends: ``numba`` (CPU; runs in blocks on numba's threads, per-run SplitMix64 streams seeded from
 (seed, r), so results do not depend on the thread count; float64 always), ``numba-cuda``
 (the default on CUDA: the same compiled step loop as a CUDA kernel, one thread per run and
 every step in one launch, same streams, float64; :mod:`.cuda_kernel`) and ``torch``

@@ -16,9 +16,9 @@ of an O(k) step. Such a function must allocate nothing: numba then refuses to co
 Only a step's hot pieces are inlined (numba's IR inlining copies the callee's IR at each
 site, which is most of a chain's compile time): the network chain's compression, alignment,
 loss and record are plain calls, which cut its cold compile from 67 s to 27 s and made its
-K = 2 step faster (4.5 → 5.0 M steps/s). The ``prange`` loops call the run function with
-``np.int64(run)``: the index is uint64 inside the parallel gufunc and int64 while typing,
-and each signature was compiled (twice the compile time of every chain).
+K = 2 step faster (4.5 → 5.0 M steps/s). The runs go to threads in blocks
+(:func:`dynamics.run_threads.over_runs`), not through a ``prange``, whose gufunc compiled
+each run function a second time (its index is uint64 there) and re-optimised its callees.
 """
 
 from __future__ import annotations

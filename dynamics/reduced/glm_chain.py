@@ -31,7 +31,7 @@ Write û = m u + ν e with m = ⟨û, u⟩, ν = ‖û − m u‖ ≥ 0 and e th
 
 Cost per step: 2b normals (+ b for label noise) and one χ² (Marsaglia–Tsang Gamma), O(b)
 flops, independent of d. Divergence (non-finite state or |m| > 1 + 1e-12) marks and freezes a
-run, as in the full engine. All runs advance in a numba ``prange``, each on its own SplitMix64
+run, as in the full engine. Runs advance in blocks on numba's threads, each on its own SplitMix64
 stream seeded from (seed, r) (:mod:`._rng`), so a run's numbers do not depend on R or on the
 thread count.
 """

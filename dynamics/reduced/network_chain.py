@@ -46,7 +46,7 @@ alignment, committee ODE). Needs d ≥ t + k′ + b (else the full engine, cheap
 
 Cost per step: b(t + m) normals (m ≤ 2k′ + b) and b χ² draws, O(bk′(t + k′)) flops,
 independent of d. Divergence (a non-finite health value 1/nⱼ, gradient or state) marks the
-run and freezes it at its last finite state. All runs advance in a numba ``prange``, each on
+run and freezes it at its last finite state. Runs advance in blocks on numba's threads, each on
 its own SplitMix64 stream seeded from (seed, r), so the numbers do not depend on R or on
 the thread count.
 """

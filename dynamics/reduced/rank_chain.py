@@ -34,7 +34,7 @@ Nᵢ = √(1 + ξ²‖cᵢ‖²); student âⱼ = (zⱼ + ξĉⱼᵀs)/N̂ⱼ wi
 For r = 1 this is the chain of ``dynamics.reduced`` (projected): M = μ u⊥-free overlap, B = ν.
 
 Cost per step: k + 2r normals, one χ², O(kr + r³) flops; numba, per-run SplitMix64 streams
-seeded from (seed, r), all runs in a ``prange``. Mini-batches are not reduced here (b = 1).
+seeded from (seed, r), runs in blocks on numba's threads. Mini-batches are not reduced here (b = 1).
 """
 
 from __future__ import annotations
