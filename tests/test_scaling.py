@@ -195,3 +195,84 @@ def test_first_passage_mode_needs_a_reduced_chain_that_records_its_start():
         parse_scaling(data).sweep.cells()
     data["base"]["learner"] = "scratch"  # the network chain records its start too
     assert parse_scaling(data).sweep.cells()
+
+
+LOSS_SPEC = """
+[scaling]
+d = [20, 40]
+c = 0.5
+horizon = 60
+level = 0.1
+epsilon = 0.01
+n_boot = 100
+mode = "first_passage"
+quantity = "loss"
+
+[base]
+runs = 8
+learner = "scratch"
+
+[base.instance]
+activation = "relu"
+k = 2
+xi = 1.0
+c_hat = "teacher"
+seed = 1
+"""
+
+
+def test_loss_levels_time_the_exact_population_loss(tmp_path, monkeypatch):
+    """quantity = loss: T_level / T_strong are the chain's exact first passages of the loss to
+    level / epsilon (the same numbers as NetworkChain.first_passages on the cell's config),
+    with T_level ≤ T_strong, and the table names them as loss levels."""
+    from dynamics.config import RunConfig
+    from dynamics.reduced.network_simulate import NetworkChain
+    from sims.io.sweep import read_sweep
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loss.toml").write_text(LOSS_SPEC)
+    res = CliRunner().invoke(cli, ["scaling", "loss.toml", "--out", "loss.h5"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "T_(L≤0.1): exact first passage" in res.output
+    assert "the exact population loss, checked after every step" in res.output
+    with h5py.File("loss.h5", "r") as f:
+        t_level, t_strong = f["scaling/t_level"][()], f["scaling/t_strong"][()]
+        assert json.loads(f["scaling"].attrs["settings"])["quantity"] == "loss"
+        assert "population loss ≤ 0.01" in f["scaling/t_strong"].attrs["description"]
+    assert np.isfinite(t_level).all() and np.isfinite(t_strong).all()
+    assert np.all(t_level < t_strong) and np.all(t_level > 0)
+    _meta, cells = read_sweep("loss.h5")
+    for i, cell in enumerate(sorted(cells, key=lambda c: c.config["instance"]["d"])):
+        config = RunConfig.from_dict(cell.config)
+        want = NetworkChain().first_passages(config, [0.1, 0.01], quantity="loss")
+        np.testing.assert_array_equal(t_level[i], want[0])
+        np.testing.assert_array_equal(t_strong[i], want[1])
+        # the loss passages are not the overlap's: the cell does not record those
+        assert "first_passage_0.1" not in cell.traj.extra
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mode": "trajectory"}, 'quantity = "loss" needs mode = "first_passage"'),
+    ({"epsilon": 0.2}, "epsilon (the strong loss level, 0.2) must lie below level (0.1)"),
+    ({"quantity": "energy"}, "quantity must be one of overlap, loss, got 'energy'"),
+])
+def test_bad_loss_scaling_specs(change, message):
+    data = base(mode="first_passage", quantity="loss", level=0.1, epsilon=0.01) | {}
+    data["scaling"].update(change)
+    data["base"]["learner"] = "scratch"
+    with pytest.raises(SweepSpecError) as err:
+        parse_scaling(data)
+    assert message in str(err.value)
+
+
+def test_loss_levels_need_a_chain_that_checks_the_loss():
+    """finetune's rank-1 chain times overlaps only; scratch with free rows has no exact loss
+    check: both are one-line errors naming why, before anything runs."""
+    data = base(mode="first_passage", quantity="loss", level=0.1, epsilon=0.01)
+    with pytest.raises(SweepSpecError, match="times first passages of overlap only, not 'loss'"):
+        parse_scaling(data).sweep.cells()
+    data["base"] |= {"learner": "scratch", "rows": "free"}
+    with pytest.raises(SweepSpecError, match="first_passage_of = 'loss'") as err:
+        parse_scaling(data).sweep.cells()
+    assert "\n" not in str(err.value)

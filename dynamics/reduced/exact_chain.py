@@ -29,6 +29,17 @@ class ExactChain:
     #: the chain can record the runs' start alone (``initial_trajectory``): what a sweep cell
     #: with ``trajectory = false`` stores beside its exact first passages
     records_start = False
+    #: what :meth:`first_passages` can time: ``overlap`` (≥ a level) always; ``loss`` (the
+    #: exact population loss ≤ a level) where the chain checks it every step
+    first_passage_quantities = ("overlap",)
+
+    def quantity_supported(self, config, quantity: str) -> tuple[bool, str]:
+        """(True, "") when :meth:`first_passages` can time ``quantity`` for ``config``,
+        else (False, one-line reason)."""
+        if quantity in self.first_passage_quantities:
+            return True, ""
+        return False, (f"the {self.name} chain times first passages of "
+                       f"{' or '.join(self.first_passage_quantities)} only, not {quantity!r}")
 
     def supported(self, config) -> tuple[bool, str]:
         """(True, "") when the chain is exact for ``config``, else (False, one-line reason)."""

@@ -197,6 +197,14 @@ class NetworkChain(ExactChain):
                            runs.div_step.copy(), m0, "cpu", engine=ENGINE)
         return start.learner.trajectory(result)
 
+    first_passage_quantities = ("overlap", "loss")
+
+    def quantity_supported(self, config, quantity: str) -> tuple[bool, str]:
+        ok, why = super().quantity_supported(config, quantity)
+        if ok and quantity == "loss":
+            ok, why = loss_levels_supported(config, config.run_instances()[0])
+        return ok, why
+
     def first_passages(self, config, levels, max_steps=None, *, absolute=True,
                        backend=None, quantity: str = "overlap") -> np.ndarray:
         """(L, R) first steps at which each run's ``overlap`` (its alignment) reaches each

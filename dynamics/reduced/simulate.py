@@ -243,15 +243,25 @@ def first_passage_reduced(config: RunConfig, level: float, max_steps: int | None
 
 
 def first_passages_reduced(config: RunConfig, levels, max_steps: int | None = None, *,
-                           absolute: bool = True, backend: str | None = None) -> np.ndarray:
+                           absolute: bool = True, backend: str | None = None,
+                           quantity: str = "overlap") -> np.ndarray:
     """(L, R) first steps at which m ≥ each of ``levels`` (|m| if ``absolute``), NaN if not
     by max_steps; the same numbers as :func:`first_passage_reduced` level by level (the
-    learner's chain: ``ExactChain.first_passages``)."""
+    learner's chain: ``ExactChain.first_passages``). ``quantity = "loss"``: the first steps
+    at which the exact population loss is ≤ each level (chains that list it in
+    ``first_passage_quantities``; ValueError naming why elsewhere)."""
     levels = [float(x) for x in levels]
     if not levels or not all(math.isfinite(x) for x in levels):
         raise ValueError(f"levels must be finite numbers, got {levels}")
     chain = _supported_chain(config)
-    return chain.first_passages(config, levels, max_steps, absolute=absolute, backend=backend)
+    if quantity == "overlap":
+        return chain.first_passages(config, levels, max_steps, absolute=absolute,
+                                    backend=backend)
+    ok, why = chain.quantity_supported(config, quantity)
+    if not ok:
+        raise ValueError(why)
+    return chain.first_passages(config, levels, max_steps, absolute=absolute, backend=backend,
+                                quantity=quantity)
 
 
 def _first_passages(config, levels, max_steps, absolute, backend) -> np.ndarray:

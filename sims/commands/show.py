@@ -76,7 +76,8 @@ def describe_sweep(path) -> dict:
                finished=len(cells), missing=total - len(cells),
                complete=bool(meta.get("complete", False)), cell_dir=meta.get("cell_dir"),
                first_passage=sweep.get("first_passage") or [],
-               trajectory=sweep.get("trajectory", True))
+               trajectory=sweep.get("trajectory", True),
+               first_passage_of=sweep.get("first_passage_of", "overlap"))
     with h5py.File(path, "r") as f:
         if "scaling" in f:
             fits = f["scaling"].attrs.get("fits")

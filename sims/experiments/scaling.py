@@ -21,6 +21,11 @@ of each level, so a cell costs the hitting times instead of the horizon, and T_s
 then the exact first passage of 1 − ε (strong recovery in the sense of Thm 11–13: the
 overlap reaches 1 − ε; ε should leave 1 − ε below the noise floor).
 
+``quantity = "loss"`` (first_passage mode, chains that check the exact population loss every
+step: the network learners with unit rows and a fine-tuned teacher) times the loss instead:
+T_level is the first step with loss ≤ ``level`` (e.g. the L* of Theorem 19) and T_strong the
+first with loss ≤ ``epsilon`` (a lower loss level, < level).
+
 Both are fitted as log T = a + b log d (:func:`sims.experiments.fit.fit_power_law`,
 bootstrap 95 % CI).
 """
@@ -40,15 +45,16 @@ import numpy as np
 import tomllib
 
 from sims.experiments.fit import PowerLawFit, fit_power_law
-from sims.experiments.sweep_spec import SweepSpec, SweepSpecError, parse_sweep
+from sims.experiments.sweep_spec import SweepSpec, SweepSpecError, parse_sweep, passage_key
 from sims.io.sweep import atomic_replace, read_sweep
 
 __all__ = ["ScalingSpec", "ScalingResult", "load_scaling", "hitting_times", "analyse",
            "format_table", "plot_scaling", "write_scaling", "check_slope", "SCALING_KEYS"]
 
 SCALING_KEYS = ("d", "c", "horizon", "level", "epsilon", "checkpoints", "n_boot",
-                "boot_seed", "absolute", "eta_exponent", "horizon_exponent", "mode")
+                "boot_seed", "absolute", "eta_exponent", "horizon_exponent", "mode", "quantity")
 MODES = ("trajectory", "first_passage")
+QUANTITIES = ("overlap", "loss")
 RESERVED = ("eta", "eta_times_d", "steps", "steps_per_d", "eta_d_exponent", "steps_d_exponent",
             "spacing", "checkpoints")
 
@@ -70,10 +76,12 @@ class ScalingSpec:
     eta_exponent: float = 1.0
     horizon_exponent: float = 1.0
     mode: str = "trajectory"
+    quantity: str = "overlap"
 
     @property
     def strong_level(self) -> float:
-        return 1.0 - self.epsilon
+        """Overlap 1 − ε, or (``quantity = "loss"``) the loss level ε."""
+        return self.epsilon if self.quantity == "loss" else 1.0 - self.epsilon
 
     def settings(self) -> dict:
         return {k: getattr(self, k) for k in SCALING_KEYS}
@@ -135,11 +143,16 @@ def parse_scaling(data: dict, source=None) -> ScalingSpec:
     inst = base.get("instance")
     if isinstance(inst, dict) and "d" in inst:
         raise SweepSpecError("[base.instance] d is set by [scaling] d")
+    quantity = table.get("quantity", "overlap")
+    if quantity not in QUANTITIES:
+        raise SweepSpecError(f"[scaling] quantity must be one of {', '.join(QUANTITIES)}, "
+                             f"got {quantity!r}")
+    loss = quantity == "loss"
     spec = ScalingSpec(
         sweep=None, d=sorted(ds), c=_number(table, "c", None, lo=0),
         horizon=_number(table, "horizon", None, lo=0),
-        level=_number(table, "level", 0.5, lo=0, hi=1),
-        epsilon=_number(table, "epsilon", 0.1, lo=0, hi=1),
+        level=_number(table, "level", 0.5, lo=0, hi=None if loss else 1),
+        epsilon=_number(table, "epsilon", 0.1, lo=0, hi=None if loss else 1),
         checkpoints=_number(table, "checkpoints", 400, lo=1, integer=True),
         n_boot=_number(table, "n_boot", 2000, lo=0, integer=True),
         boot_seed=_number(table, "boot_seed", 0, lo=-1, integer=True),
@@ -148,10 +161,16 @@ def parse_scaling(data: dict, source=None) -> ScalingSpec:
         horizon_exponent=_number(table, "horizon_exponent", 1.0, lo=0))
     if not isinstance(spec.absolute, bool):
         raise SweepSpecError("[scaling] absolute must be true or false")
-    spec.mode = table.get("mode", "trajectory")
+    spec.mode, spec.quantity = table.get("mode", "trajectory"), quantity
     if spec.mode not in MODES:
         raise SweepSpecError(f"[scaling] mode must be one of {', '.join(MODES)}, "
                              f"got {spec.mode!r}")
+    if loss and spec.mode != "first_passage":
+        raise SweepSpecError("[scaling] quantity = \"loss\" needs mode = \"first_passage\" "
+                             "(the exact loss is timed in the chain, not at checkpoints)")
+    if loss and not spec.epsilon < spec.level:
+        raise SweepSpecError(f"[scaling] with quantity = \"loss\", epsilon (the strong loss "
+                             f"level, {spec.epsilon:g}) must lie below level ({spec.level:g})")
     base.update(eta_times_d=spec.c, steps_per_d=spec.horizon, spacing="linear",
                 checkpoints=spec.checkpoints)
     if spec.eta_exponent != 1:  # only when set: default files resolve exactly as before
@@ -164,6 +183,8 @@ def parse_scaling(data: dict, source=None) -> ScalingSpec:
     if spec.mode == "first_passage":
         meta.update(first_passage=[spec.level, spec.strong_level], absolute=spec.absolute,
                     trajectory=False)
+        if loss:
+            meta["first_passage_of"] = "loss"
     else:
         meta.update(first_passage=[spec.level], absolute=spec.absolute)
     sweep = {"sweep": meta, "base": base, "axes": {"d": spec.d}}
@@ -178,14 +199,17 @@ def _signed(traj, absolute):
 
 
 def hitting_times(traj, level: float, strong_level: float, absolute: bool = True,
-                  strong_first_passage: bool = False):
+                  strong_first_passage: bool = False, quantity: str = "overlap"):
     """(T_level (R,), T_strong (R,), source of T_level) for one cell; NaN = never.
 
     ``strong_first_passage``: T_strong is the exact first passage of ``strong_level``
-    (recorded by a first-passage-only cell) instead of "stays above from a checkpoint"."""
+    (recorded by a first-passage-only cell) instead of "stays above from a checkpoint".
+    ``quantity = "loss"``: both are the exact first passages of the loss (recorded)."""
     ov = _signed(traj, absolute)
     steps = np.asarray(traj.steps, dtype=float)
-    exact = traj.extra.get(f"first_passage_{level:g}")
+    exact = traj.extra.get(passage_key(level, quantity))
+    if exact is None and quantity != "overlap":
+        raise ValueError(f"no exact first passage of the {quantity} to {level:g} in this cell")
     if exact is not None:
         t_level, source = np.asarray(exact, dtype=float).copy(), "exact first passage"
     else:
@@ -193,7 +217,7 @@ def hitting_times(traj, level: float, strong_level: float, absolute: bool = True
         t_level = np.where(hit.any(1), steps[np.argmax(hit, axis=1)], np.nan)
         source = "first checkpoint at or above the level"
     if strong_first_passage:
-        exact_strong = traj.extra.get(f"first_passage_{strong_level:g}")
+        exact_strong = traj.extra.get(passage_key(strong_level, quantity))
         if exact_strong is None:
             raise ValueError(f"no exact first passage of {strong_level:g} in this cell")
         t_strong = np.asarray(exact_strong, dtype=float).copy()
@@ -233,7 +257,8 @@ def analyse(sweep_path, spec: ScalingSpec) -> ScalingResult:
     t_level, t_strong, source = [], [], ""
     for d in spec.d:
         a, b, source = hitting_times(by_d[d].traj, spec.level, spec.strong_level, spec.absolute,
-                                     strong_first_passage=spec.mode == "first_passage")
+                                     strong_first_passage=spec.mode == "first_passage",
+                                     quantity=spec.quantity)
         t_level.append(a)
         t_strong.append(b)
     from dynamics.learners import get_learner
@@ -267,6 +292,8 @@ def _title(config: dict, spec: ScalingSpec) -> str:
 
 
 def _overlap_note(result) -> str:
+    if result.spec.quantity == "loss":
+        return "; the exact population loss, checked after every step"
     return f"; overlap taken as {result.overlap_label}"
 
 
@@ -276,7 +303,17 @@ def _power(exponent: float) -> str:
 
 
 def _names(spec: ScalingSpec) -> dict:
+    if spec.quantity == "loss":
+        return {"level": f"T_(L≤{spec.level:g})", "strong": f"T_(L≤{spec.strong_level:g})"}
     return {"level": f"T_{spec.level:g}", "strong": f"T_(1−ε={spec.strong_level:g})"}
+
+
+def _strong_description(spec: ScalingSpec) -> str:
+    if spec.quantity == "loss":
+        return f"steps to first reach population loss ≤ {spec.strong_level:g} (exact)"
+    if spec.mode == "first_passage":
+        return f"steps to first reach overlap {spec.strong_level:g} (exact)"
+    return f"steps from which the overlap stays ≥ {spec.strong_level:g}"
 
 
 def format_table(result: ScalingResult) -> str:
@@ -285,7 +322,8 @@ def format_table(result: ScalingResult) -> str:
     strong = ("exact first passage (no trajectory recorded)" if spec.mode == "first_passage"
               else f"stays above from the next of {spec.checkpoints} linear checkpoints")
     lines = [result.title, f"{names['level']}: {result.level_source}; "
-             f"{names['strong']}: {strong}" + (_overlap_note(result) if spec.absolute else "")]
+             f"{names['strong']}: {strong}"
+             + (_overlap_note(result) if spec.absolute or spec.quantity == "loss" else "")]
     head = f"{'d':>9} {'runs':>5}"
     for key in ("level", "strong"):
         head += f" | {'reached':>7} {'median ' + names[key]:>22} " \
@@ -393,8 +431,8 @@ def write_scaling(path, result: ScalingResult) -> Path:
             g["t_strong"] = _pad(result.t_strong)
             g["t_level"].attrs["description"] = f"steps to first reach {result.spec.level:g} " \
                                                 f"({result.level_source}); NaN = never"
-            g["t_strong"].attrs["description"] = (f"steps from which the overlap stays ≥ "
-                                                  f"{result.spec.strong_level:g}; NaN = never")
+            g["t_strong"].attrs["description"] = (f"{_strong_description(result.spec)}; "
+                                                  "NaN = never")
             g.attrs["settings"] = json.dumps(result.spec.settings())
             g.attrs["c"] = result.spec.c
             g.attrs["title"] = result.title

@@ -71,7 +71,8 @@ def _key(cell: Cell) -> str:
     data = cell.config.to_dict()
     data["instance"] = {k: v for k, v in data["instance"].items() if k not in BATCHABLE}
     data.pop("runs")
-    return json.dumps([data, cell.first_passage, cell.absolute, cell.trajectory],
+    return json.dumps([data, cell.first_passage, cell.absolute, cell.trajectory,
+                       cell.first_passage_of],
                       sort_keys=True, default=str)
 
 
@@ -115,12 +116,14 @@ def run_batch(batch: Batch, progress: bool = False) -> list[Trajectory]:
         from dynamics.reduced import initial_trajectory
 
         traj = initial_trajectory(config)
-    levels = batch.cells[0].first_passage
+    cell = batch.cells[0]
+    levels = cell.first_passage
     if levels and choose_engine(config) == "reduced":
         from dynamics.reduced import first_passages_reduced
 
-        hits = first_passages_reduced(config, levels, absolute=batch.cells[0].absolute)
+        hits = first_passages_reduced(config, levels, absolute=cell.absolute,
+                                      quantity=cell.first_passage_of)
         for level, hit in zip(levels, hits, strict=True):
-            traj.extra[f"first_passage_{level:g}"] = hit
+            traj.extra[cell.passage_key(level)] = hit
     return [split_trajectory(traj, off, c.config.runs)
             for c, off in zip(batch.cells, batch.offsets, strict=True)]

@@ -48,7 +48,8 @@ DERIVED = ("eta_times_d", "steps_per_d", "eta_d_exponent", "steps_d_exponent")
 CONFIG_AXES = _CONFIG_FIELDS + DERIVED
 AXES = tuple(INSTANCE_AXES) + CONFIG_AXES
 BOOL_FIELDS = ("joint_c", "project")
-SWEEP_KEYS = ("name", "first_passage", "absolute", "trajectory")
+SWEEP_KEYS = ("name", "first_passage", "absolute", "trajectory", "first_passage_of")
+PASSAGE_QUANTITIES = ("overlap", "loss")  # first_passage_of: overlap ≥ level, loss ≤ level
 TOP_KEYS = ("sweep", "base", "axes", "cases")
 # pairs that say the same thing two ways
 EXCLUSIVE = (("eta", "eta_times_d"), ("steps", "steps_per_d"), ("eta", "eta_d_exponent"),
@@ -69,6 +70,8 @@ class Cell:
     hash : sha256 of the resolved config (identifies finished results on resume).
     trajectory : False = no trajectory, only the first passages (each run stops at its hit
     of each level; the cell stores the initial state as its one checkpoint).
+    first_passage_of : ``overlap`` (first step with overlap ≥ level) or ``loss`` (first step
+    with exact population loss ≤ level).
     """
 
     index: int
@@ -78,6 +81,11 @@ class Cell:
     absolute: bool
     hash: str
     trajectory: bool = True
+    first_passage_of: str = "overlap"
+
+    def passage_key(self, level: float) -> str:
+        """The ``extra`` name of a level's exact first passages in this cell's trajectory."""
+        return passage_key(level, self.first_passage_of)
 
     @property
     def name(self) -> str:
@@ -101,12 +109,13 @@ class SweepSpec:
     absolute: bool = True
     source: str = ""
     trajectory: bool = True
+    first_passage_of: str = "overlap"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "base": self.base, "instance": self.instance,
                 "axes": self.axes, "cases": self.cases,
                 "first_passage": list(self.first_passage), "absolute": self.absolute,
-                "trajectory": self.trajectory}
+                "trajectory": self.trajectory, "first_passage_of": self.first_passage_of}
 
     def dimensions(self) -> dict:
         """Axis name → list of values, with the cases as one dimension named ``case``."""
@@ -149,9 +158,32 @@ class SweepSpec:
                     f"{where}: trajectory = false needs the reduced engine and an exact "
                     f"chain that records the start alone (finetune, scratch, scratch-csq, "
                     f"sparse) ({why or 'engine ' + repr(config.engine)})")
-        digest = cell_hash(config, self.first_passage, self.absolute, self.trajectory)
+        if self.first_passage_of != "overlap":
+            self._check_quantity(config, where)
+        digest = cell_hash(config, self.first_passage, self.absolute, self.trajectory,
+                           self.first_passage_of)
         return Cell(index, setting, config, self.first_passage, self.absolute, digest,
-                    self.trajectory)
+                    self.trajectory, self.first_passage_of)
+
+    def _check_quantity(self, config: RunConfig, where: str) -> None:
+        """SweepSpecError unless the cell's exact chain times ``first_passage_of``."""
+        from dynamics.learners import get_learner
+        from dynamics.reduced import reduced_supported
+
+        ok, why = reduced_supported(config)
+        if config.engine == "full" or not ok:
+            raise SweepSpecError(f"{where}: first_passage_of = {self.first_passage_of!r} needs "
+                                 f"the reduced engine ({why or 'engine ' + repr(config.engine)})")
+        chain = get_learner(config.learner).exact_chain()
+        ok, why = chain.quantity_supported(config, self.first_passage_of)
+        if not ok:
+            raise SweepSpecError(f"{where}: first_passage_of = {self.first_passage_of!r}: {why}")
+
+
+def passage_key(level: float, quantity: str = "overlap") -> str:
+    """``first_passage_<level>`` (overlap) or ``first_passage_loss_<level>``."""
+    return f"first_passage_{level:g}" if quantity == "overlap" else \
+        f"first_passage_{quantity}_{level:g}"
 
 
 def _fmt(value) -> str:
@@ -211,11 +243,12 @@ def _defaults() -> dict:
     return out | {name: spec.default for name, spec in all_options().items()}
 
 
-def cell_hash(config: RunConfig, first_passage=(), absolute=True, trajectory=True) -> str:
+def cell_hash(config: RunConfig, first_passage=(), absolute=True, trajectory=True,
+              first_passage_of: str = "overlap") -> str:
     """sha256 of the resolved cell: format version, the config's fields and learner options
     that differ from their defaults (so a loradyn that adds a field or an option keeps
     finished cells), the sha256 of an ``init_rows`` file, the first-passage levels, and
-    ``trajectory`` when False."""
+    ``trajectory`` when False, ``first_passage_of`` when not ``overlap``."""
     defaults = _defaults()
     data = {k: v for k, v in config.to_dict().items()
             if k not in defaults or v != defaults[k]}
@@ -226,6 +259,8 @@ def cell_hash(config: RunConfig, first_passage=(), absolute=True, trajectory=Tru
             "first_passage": [float(x) for x in first_passage], "absolute": bool(absolute)}
     if not trajectory:
         cell["trajectory"] = False
+    if first_passage_of != "overlap":
+        cell["first_passage_of"] = first_passage_of
     blob = json.dumps(cell, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -285,11 +320,18 @@ def _parse(data: dict, root: Path) -> SweepSpec:
     if not trajectory and not levels:
         raise SweepSpecError("[sweep] trajectory = false records only first passages: "
                              "give first_passage levels")
+    quantity = meta.get("first_passage_of", "overlap")
+    if quantity not in PASSAGE_QUANTITIES:
+        raise SweepSpecError(f"[sweep] first_passage_of must be one of "
+                             f"{', '.join(PASSAGE_QUANTITIES)}, got {quantity!r}")
+    if quantity != "overlap" and not levels:
+        raise SweepSpecError(f"[sweep] first_passage_of = {quantity!r} needs first_passage "
+                             "levels")
     name = meta.get("name", "sweep")
     if not isinstance(name, str):
         raise SweepSpecError("[sweep] name must be a string")
     return SweepSpec(base, instance, axes, cases, name, tuple(float(x) for x in levels),
-                     absolute, trajectory=trajectory)
+                     absolute, trajectory=trajectory, first_passage_of=quantity)
 
 
 PATH_KEYS = ("init_rows",)  # option values that name files: relative to the sweep file
