@@ -352,8 +352,7 @@ def run_one(r, hyp, inst, sc, pw, chat, rec, given, work):
 @njit(cache=True)
 def run_index(r, hyp, inst, runs, rec, given, work):
     """Run ``r`` of ``runs`` (:class:`Runs`, in place) with its instance's row of ``inst``.
-    A function of its own: numba loses writes to the arrays of a named tuple made in a
-    ``prange`` body (numba issue #7135)."""
+    Shared by the CPU block of runs (:mod:`._kernel`) and the CUDA kernel."""
     i = inst.inst_idx[r]
     sc, dv, ht = run_one(r, hyp, (inst.L[i], inst.ident[i], inst.prm[i]),
                          (runs.states[r], runs.mu[r], runs.nu[r]), runs.pw[r], runs.chat[r],

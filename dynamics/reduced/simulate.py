@@ -254,14 +254,12 @@ def first_passages_reduced(config: RunConfig, levels, max_steps: int | None = No
     if not levels or not all(math.isfinite(x) for x in levels):
         raise ValueError(f"levels must be finite numbers, got {levels}")
     chain = _supported_chain(config)
-    if quantity == "overlap":
-        return chain.first_passages(config, levels, max_steps, absolute=absolute,
-                                    backend=backend)
     ok, why = chain.quantity_supported(config, quantity)
     if not ok:
         raise ValueError(why)
+    other = {} if quantity == "overlap" else {"quantity": quantity}  # chains that time the loss
     return chain.first_passages(config, levels, max_steps, absolute=absolute, backend=backend,
-                                quantity=quantity)
+                                **other)
 
 
 def _first_passages(config, levels, max_steps, absolute, backend) -> np.ndarray:
