@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .losses import LOSS_EXACT, exact_loss, loss_kind, monte_carlo_loss
+from .losses import (
+    LOSS_EXACT,
+    coordinate_loss,
+    exact_loss,
+    loss_kind,
+    monte_carlo_loss,
+    overlap_suffices,
+)
 from .observables import c_overlap
 from .refit import refit_records
 from .theory_overlay import theory_records
@@ -24,9 +31,12 @@ def rank_one_trajectory(result: RunResult) -> Trajectory:
     """The Trajectory of rank-1 runs from their records.
 
     ``result.records``: ``overlap`` (R, C); ``c_hat`` (R, C, k) when ĉ is trained (else absent
-    or None); ``coords`` (R, C, k+2) of û in span(W) ⊕ e ⊕ rest, needed for the Monte Carlo
-    loss and for ``config.options.refit``. Records from the step a run diverged on are NaN; the loss
-    follows :func:`~dynamics.losses.exact_loss` / :func:`~dynamics.losses.monte_carlo_loss`,
+    or None); ``coords`` (R, C, k+2) of û in span(W) ⊕ e ⊕ rest, needed for the loss of every
+    state but the projected unit-row one and for ``config.options.refit``
+    (:func:`~dynamics.losses.needs_coordinates`). Records from the step a run diverged on are
+    NaN; the loss follows :func:`~dynamics.losses.exact_loss` (projected, unit rows: from m),
+    :func:`~dynamics.losses.coordinate_loss` (any other state with a Gaussian pair kernel) or
+    :func:`~dynamics.losses.monte_carlo_loss` (none: :func:`~dynamics.losses.loss_kind`),
     the theory curves :func:`~dynamics.theory_overlay.theory_records` from the records at
     step 0 (not masked; with joint ĉ also ``extra/ode_c_overlap``); with
     ``config.options.refit``, ``extra`` holds :func:`~dynamics.refit.refit_records`.
@@ -39,12 +49,16 @@ def rank_one_trajectory(result: RunResult) -> Trajectory:
         c_hats = mask_dead(result, c_hats)
         c_ov = c_overlap(c_hats, np.stack([i.c for i in instances])[:, None, :])
     kind = loss_kind(config)
-    if kind == LOSS_EXACT:
+    if kind == LOSS_EXACT and overlap_suffices(config):
         loss = exact_loss(instances, overlap, c_hats)
     else:
         coords = mask_dead(result, coords)
         ch = c_hats if c_hats is not None else np.stack([i.c_hat for i in instances])
-        loss = monte_carlo_loss(instances, coords, ch, seed=config.seed, size=config.eval_size)
+        if kind == LOSS_EXACT:
+            loss = coordinate_loss(instances, coords, ch, eta=config.eta)
+        else:
+            loss = monte_carlo_loss(instances, coords, ch, seed=config.seed,
+                                    size=config.eval_size)
     extra = refit_records(config, instances, coords, result.dead) if config.options.refit else {}
     theory = theory_records(config, instances, result.m0, result.steps, _start(rec, result))
     extra |= theory.pop("extra", {})

@@ -37,12 +37,13 @@ from hermite.committee import (
     committee_alignment,
     committee_drift,
     committee_ode,
+    committee_ode_batch,
 )
 
 __all__ = ["ODE_EVALS", "SECOND_ORDER_BUDGET_S", "SECOND_ORDER_MAX_FIELDS",
            "committee_applies", "committee_model", "committee_state", "drift_seconds",
            "rounding_repaired", "second_order_share", "first_order_note",
-           "plan_order", "integrate", "committee_records"]
+           "plan_order", "integrate", "integrate_batch", "committee_records"]
 
 ODE_EVALS = 400  # drift evaluations of one solve_ivp run (DOP853, rtol 1e-6), measured
 SECOND_ORDER_BUDGET_S = 20.0  # estimated seconds of η² terms allowed per trajectory
@@ -171,6 +172,24 @@ def integrate(model: CommitteeModel, state: CommitteeState, steps, d: int, *,
     return tr.loss, align, integrator
 
 
+def integrate_batch(model: CommitteeModel, states, steps, d: int, *,
+                    diagonal: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+    """[(loss (C,), alignment (C,))] of :func:`integrate` (``solve_ivp``) for several starts
+    of one model at once (``hermite.committee.committee_ode_batch``: one stacked system)."""
+    steps = np.asarray(steps, dtype=np.int64)
+    alphas = (steps - steps[0]) / float(d)
+    with np.errstate(divide="ignore", over="ignore"):
+        trs = committee_ode_batch(model, states, alphas, rtol=RTOL, atol=ATOL)
+    out = []
+    for tr in trs:
+        align = tr.alignment
+        if diagonal:
+            align = np.array([committee_alignment(tr.state(i), model.T, diagonal=True)
+                              for i in range(alphas.size)])
+        out.append((tr.loss, align))
+    return out
+
+
 def _note(text: str) -> None:
     print(f"note: {text}", file=sys.stderr)
 
@@ -248,15 +267,33 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
             _note(f"{note}; --no-finite-d-theory skips it")
     out_loss, out_align = np.full((runs, cps), np.nan), np.full((runs, cps), np.nan)
     failed, integrator = [], "map" if span <= ODE_EVALS else "solve_ivp"
+    batches: dict = {}  # starts of one model (instance, trainable rows): one stacked ODE
     for idx in groups.values():
-        try:
-            model, state = start(idx[0], order == 2)
-            lo, al, integrator = integrate(model, state, steps, instances[idx[0]].d,
-                                           diagonal=diagonal)
-        except (ValueError, RuntimeError) as exc:
-            failed.append(f"runs {idx[0]}…{idx[-1]}: {exc}")
-            continue
-        out_loss[idx], out_align[idx] = lo, al
+        batches.setdefault((id(instances[idx[0]]), masks[idx[0]].tobytes()), []).append(idx)
+    for members in batches.values():
+        ready = []
+        for idx in members:
+            try:
+                ready.append((idx, *start(idx[0], order == 2)))
+            except (ValueError, RuntimeError) as exc:
+                failed.append(f"runs {idx[0]}…{idx[-1]}: {exc}")
+        d = instances[members[0][0]].d
+        if integrator == "solve_ivp" and len(ready) > 1:
+            try:
+                res = integrate_batch(ready[0][1], [st for _, _, st in ready], steps, d,
+                                      diagonal=diagonal)
+                for (idx, _, _), (lo, al) in zip(ready, res, strict=True):
+                    out_loss[idx], out_align[idx] = lo, al
+                continue
+            except (ValueError, RuntimeError):
+                pass  # a start the stacked ODE cannot take: each on its own, to name it
+        for idx, model, state in ready:
+            try:
+                lo, al, integrator = integrate(model, state, steps, d, diagonal=diagonal)
+            except (ValueError, RuntimeError) as exc:
+                failed.append(f"runs {idx[0]}…{idx[-1]}: {exc}")
+                continue
+            out_loss[idx], out_align[idx] = lo, al
     if failed and not quiet:
         _note(f"committee ODE failed for {len(failed)} initial state(s), NaN there: "
               f"{failed[0]}")

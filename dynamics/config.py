@@ -58,7 +58,8 @@ class RunConfig:
         r's numbers depend on (seed, r) only, same law, other draws), ~6× cheaper per number
         than torch's float64 sampler, which bounds the O(k′d) learners at small k′.
     eval_size : examples in the fixed Monte Carlo evaluation set of the loss (used where no
-        exact population loss applies: unprojected û, the linear model's loss).
+        exact population loss applies: the linear model's loss; finetune only for App. B rows
+        with a piecewise σ other than relu/abs, see ``dynamics.losses``).
     finite_d_theory : also record the noise-corrected ODE and the theory band (issue 8;
         frozen ĉ, projected, b = 1 only; a few seconds per distinct instance), and for the
         network learners the committee-machine ODE (``dynamics.committee_overlay``).

@@ -19,9 +19,10 @@ the resolved spec).
 convention instead: f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩) with the fixed row scale
 vᵢ = s (wᵢ + ξcᵢu), s = k/(k + ξ²) (``appB``, as printed) or s = √(k/(k + ξ²)) (``appB-sqrt``,
 the factor that keeps ‖vᵢ‖ ≈ 1 for c uniform on S^{k−1}); the student has the same form with
-(ĉ, û). Rows are then not unit vectors, so the Hermite theory (h, Φ, the ODE) does not apply:
-the loss is estimated by Monte Carlo and only the ``finetune`` learner on the full engine runs
-it.
+(ĉ, û). Rows are then not unit vectors, so the unit-row Hermite theory (h, Φ, Prop. 4's ODE)
+does not apply: the loss is exact from the Gaussian pair kernel of rows of any norm
+(``hermite.finetune_population``; Monte Carlo only for a piecewise σ other than relu/abs) and
+only the ``finetune`` learner on the full engine runs it.
 
 ``teacher = "committee"`` makes the instance a generic committee-machine teacher instead of
 a fine-tuned one, for the from-scratch learners (``scratch``, ``scratch-csq``): f*(x) =
@@ -144,7 +145,7 @@ class Instance:
     def _require_unit_rows(self, what: str) -> None:
         if not self.unit_rows:
             raise ValueError(f"{what} assumes unit rows; convention {self.convention!r} has "
-                             "none (Monte Carlo only)")
+                             "none (see hermite.finetune_population)")
 
     # ---- geometry of teacher and student neurons ---------------------------------
     @property

@@ -2,7 +2,7 @@
 
 - m = ⟨û, u⟩ comes from the engines' states; ⟨ĉ, c⟩/(‖ĉ‖‖c‖) is :func:`c_overlap`;
 - :func:`reduced_coordinates` are û's coordinates that fix its law against an isotropic x
-  (what the Monte Carlo loss and the refit need);
+  (what the loss of every state but the projected unit-row one, and the refit, need);
 - :func:`group_runs` batches per-instance work; :func:`unit_rows` tells the theory's unit rows
   from an App. B convention.
 """

@@ -34,7 +34,7 @@ class Trajectory:
     ------
     steps : (C,) int64 checkpoint steps.
     overlap : (R, C) ⟨û, u⟩ at each checkpoint.
-    loss : (R, C) population loss of the student (exact where the theory applies,
+    loss : (R, C) population loss of the student (exact where a Gaussian kernel gives it,
         otherwise a Monte Carlo estimate; ``loss_kind`` says which).
     ode : (R, C) population-ODE prediction m̄_t from the run's own m₀ (NaN where none).
     c_overlap : (R, C) ⟨ĉ, c⟩/‖ĉ‖ when ĉ is trained, else None.

@@ -95,13 +95,14 @@ def test_monte_carlo_loss_matches_direct_average():
         assert abs(mc[r] - direct) < 0.03 * direct
 
 
-def test_run_uses_monte_carlo_and_no_theory():
+def test_run_uses_the_exact_loss():
     cfg = RunConfig(instance=_spec("appB", d=60, k=4, xi=2.0), eta=0.02, steps=400, runs=4,
                     checkpoints=5, eval_size=2000, joint_c=True, project=False)
     traj = simulate(cfg)
-    assert traj.loss_kind == "monte_carlo"
-    # the plain O(η) ODE of fine-tuning covers App. B's rows; no finite-d correction there
-    assert np.isfinite(traj.ode).all() and traj.ode_corrected is None
+    assert traj.loss_kind == "exact"  # the Gaussian pair kernel (relu: closed form)
+    # the plain O(η) ODE of fine-tuning covers App. B's rows, and so does its finite-d
+    # correction (hermite.finetune_population.SecondMoment)
+    assert np.isfinite(traj.ode).all() and np.isfinite(traj.ode_corrected).all()
     assert np.isfinite(traj.loss).all() and np.isfinite(traj.overlap).all()
     # reduced engine refuses with a reason; auto falls back to the full engine
     with pytest.raises(ValueError, match="App. B"):

@@ -170,7 +170,7 @@ def test_loss_kinds_and_theory_availability():
     assert proj.loss_kind == "exact" and np.isfinite(proj.ode).all()  # plain O(η) ODE
     assert proj.c_overlap is not None and np.isfinite(proj.c_overlap).all()
     noproj = simulate(_config(project=False, eval_size=2000))
-    assert noproj.loss_kind == "monte_carlo" and np.isfinite(noproj.ode).all()
+    assert noproj.loss_kind == "exact" and np.isfinite(noproj.ode).all()  # from û's coords
     assert noproj.c_overlap is None and np.isfinite(noproj.loss).all()
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from .. import sphere
 from ..assembly import rank_one_trajectory
 from ..lazy import lazy_import
-from ..losses import LOSS_EXACT, loss_kind
+from ..losses import needs_coordinates
 from ..observables import reduced_coordinates
 from .base import Learner, Memory, RunResult, TensorState
 from .directions import initial_directions
@@ -128,12 +128,10 @@ class Finetune(Learner):
     @classmethod
     def memory(cls, config, d: int, k: int) -> Memory:
         """û (d) and ĉ (k); records m, ĉ when joint, and û's k + 2 reduced coordinates
-        when they are kept (a Monte Carlo loss: unprojected, the App. B conventions; refit)."""
+        when they are kept (the loss from them: unprojected, the App. B conventions; refit)."""
         o = config.options
-        coords = not o.project or o.refit or config.instance.get("convention",
-                                                                 "unit") != "unit"
         return Memory(state=d + k, records=1 + (k if o.joint_c else 0) + (
-            k + 2 if coords else 0), prepared=2 * k + 4)
+            k + 2 if needs_coordinates(config) else 0), prepared=2 * k + 4)
 
     @classmethod
     def step_limit(cls, config, instance):
@@ -166,7 +164,7 @@ class Finetune(Learner):
         o = config.options
         return cls(problem, eta=config.eta, eta_c=config.step_size_c, project=o.project,
                    joint_c=o.joint_c, batch=config.batch, label_noise=config.label_noise,
-                   prox=o.prox, keep_coords=loss_kind(config) != LOSS_EXACT or o.refit)
+                   prox=o.prox, keep_coords=needs_coordinates(config))
 
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.eta_r, self.eta_c_r]

@@ -12,7 +12,7 @@ from hermite.activations_numba import act_code
 
 from ..assembly import rank_one_trajectory
 from ..config import RunConfig
-from ..losses import LOSS_EXACT, loss_kind
+from ..losses import needs_coordinates
 from ..sampling import resolve_device, resolve_dtype, run_seed
 from ..theory_overlay import initial_drift_sign
 from ..trajectory import RunResult, Trajectory, checkpoint_steps
@@ -220,7 +220,7 @@ def _record(config, backend, steps, dof, instances=None) -> Trajectory:
 def _trajectory(config, instances, steps, rec, div, m0, backend, device) -> Trajectory:
     """Observables as the full engine records them (:mod:`dynamics.assembly`)."""
     coords = None
-    if loss_kind(config) != LOSS_EXACT or config.options.refit:
+    if needs_coordinates(config):
         pw = rec["pw"] if rec["pw"] is not None else np.zeros(rec["m"].shape + (instances[0].k,))
         coords = np.concatenate([pw, rec["mu"][..., None], rec["nu"][..., None]], -1)
     records = {"overlap": rec["m"], "c_hat": rec["chat"], "coords": coords}

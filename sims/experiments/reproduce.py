@@ -162,6 +162,16 @@ def render(recipe: Recipe, h5, quick: bool, convention: str | None = None):
         members = [c for c in curves if _matches(c.attrs, panel.select)]
         if not members:
             raise ValueError(f"{h5}: no finished cell for panel {panel.title!r}")
+        if panel.kind == "passage":
+            from sims.plots.passage import draw_passage
+
+            draw_passage(ax, members, x=panel.x, level=panel.level, xscale=panel.xscale,
+                         yscale=panel.yscale)
+            ax.set_title(panel.title, fontsize=10)
+            continue
+        if panel.kind != "curves":
+            raise ValueError(f"panel {panel.title!r}: unknown kind {panel.kind!r} "
+                             "(curves or passage)")
         quantities = panel.quantity if isinstance(panel.quantity, tuple) else (panel.quantity,)
         theory = set()
         for q, ls in zip(quantities, QUANTITY_STYLE, strict=False):

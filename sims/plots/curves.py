@@ -78,7 +78,8 @@ REFERENCES = {
              ("extra:ode_loss_true", "linear_ode_true", "--"),
              ("extra:floor_true", "linear_floor_true", (0, (1, 3)))),
     "alignment": (("extra:ode_alignment", "committee_ode", "--"),),
-    "c_overlap": (("extra:ode_c_overlap", "c_ode", "--"),),
+    "c_overlap": (("extra:ode_c_overlap", "c_ode", "--"),
+                  ("extra:ode_corrected_c_overlap", "c_ode_corrected", "-.")),
 }
 # quantity → the sources of its theory lines (a curve with no finite value in any has none)
 THEORY = {
@@ -86,7 +87,7 @@ THEORY = {
     "loss": ("extra:ode_loss",), "alignment": ("extra:ode_alignment",),
     "singular_values": ("extra:ode_singular_values",),
     "refit_loss": ("extra:refit_loss_population",),
-    "c_overlap": ("extra:ode_c_overlap",),
+    "c_overlap": ("extra:ode_c_overlap", "extra:ode_corrected_c_overlap"),
 }
 THEORY["loss"] += ("extra:ode_loss_true",)  # linearized: the true loss at its mean Δ
 THEORY["loss_linear"] = ("extra:ode_loss_linear", "extra:floor_linear")
@@ -102,6 +103,7 @@ REFERENCE_LABELS = {
     "linear_ode_true": "true loss at the linear model's mean Δ",
     "linear_floor_true": "true loss at the linear model's floor",
     "c_ode": "population ODE of fine-tuning (⟨ĉ, c⟩)",
+    "c_ode_corrected": "noise-corrected (finite-d) ODE (⟨ĉ, c⟩)",
 }
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
 SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")

@@ -13,8 +13,9 @@ _DRAWS = ("wᵢ i.i.d. uniform on S^{d−1} (W = separated), c and ĉ i.i.d. uni
 CONVENTION = ("theory's unit-row model (docs/model.md): vᵢ = (wᵢ + ξcᵢu)/‖wᵢ + ξcᵢu‖, "
               + _DRAWS + "; not App. B's (1/ξ)·k/(k+ξ²) scaling")
 _APPB = ("; rows are not unit vectors: the dashed line is the plain O(η) population ODE "
-         "of these rows (hermite.finetune_population, no finite-d correction), the loss is a "
-         "Monte Carlo estimate and the finetune learner runs on the full engine. η is the "
+         "of these rows (hermite.finetune_population, no finite-d correction), the loss is "
+         "exact (Gaussian pair kernel of rows of any norm, hermite.finetune_population) and "
+         "the finetune learner runs on the full engine. η is the "
          "recipe's, tuned for unit rows: to first order (∂f/∂u = s Σᵢ cᵢσ′ x against "
          "ξΣᵢ cᵢσ′ x/Nᵢ) the drift of û at equal η is slower than with unit rows by ")
 _SLOWER = {"appB": "≈ ξ²(k+ξ²)/k (≈ 1 at ξ = 1, 2k at ξ = √k)", "appB-sqrt": "≈ ξ²"}
@@ -36,6 +37,10 @@ class Panel:
 
     quantity : a plot quantity, or a tuple of them drawn on the same axes (solid, dotted).
     xlim_frac : show x ∈ [0, xlim_frac · largest step] (a short-timescale view).
+    kind : ``curves`` (the quantity against steps) or ``passage``: the steps at which
+        |⟨û,u⟩| first reaches ``level`` against ``x``, a sweep axis or ``xi/sqrt(k)``, one
+        point per cell with the population ODE's (:mod:`sims.plots.passage`).
+    level : the passage panel's level of |⟨û,u⟩|.
     """
 
     title: str
@@ -47,6 +52,8 @@ class Panel:
     style: str = "band"
     hue: str | None = None
     xlim_frac: float | None = None
+    kind: str = "curves"
+    level: float | None = None
 
 
 @dataclass(frozen=True)
