@@ -25,7 +25,10 @@ from hermite.committee import (
     CommitteeModel,
     CommitteeState,
     _fast,
+    committee_ode,
+    committee_ode_batch,
     committee_terms,
+    committee_terms_batch,
     scaled_erf,
 )
 from hermite.committee import _nested as nested
@@ -160,6 +163,97 @@ def test_planner_keeps_the_eta_squared_terms_for_the_users_relu_setting():
     assert 16 * ODE_EVALS * drift_seconds("relu", 2, 2, True) < SECOND_ORDER_BUDGET_S
     assert plan_order("relu", 4, 4, 1, ODE_EVALS)[0] == 1  # K + M = 8: still first order
     assert plan_order("abs", 2, 2, 16, ODE_EVALS)[0] == 2  # ≈ 15 s (g′ ≠ 0 everywhere)
+    # 64 starts: one stacked ODE (BATCH_SHARE of the one-by-one cost) fits the budget
+    assert plan_order("relu", 2, 2, 64, ODE_EVALS)[0] == 2
+
+
+# ---------------------------------------------------------------- many starts at once
+def _starts(rng, n, K=2, M=2, rows="unit", d=400):
+    """n states of K student rows against M teacher rows in R^d (unit or free rows)."""
+    V = rng.standard_normal((M, d))
+    V /= np.linalg.norm(V, axis=1, keepdims=True)
+    out = []
+    for _ in range(n):
+        W = rng.standard_normal((K, d))
+        W /= np.linalg.norm(W, axis=1, keepdims=True)
+        if rows == "free":
+            W *= rng.uniform(0.5, 1.5, size=(K, 1))
+        out.append(CommitteeState(W @ W.T, W @ V.T, rng.uniform(0.5, 1.5, K)))
+    return out, V @ V.T
+
+
+@pytest.mark.parametrize("act,rows,kw", [
+    ("relu", "unit", {}),
+    ("relu", "free", {"lr_v": 0.3, "noise_var": 0.1, "batch": 2}),
+    ("abs", "unit", {"trainable": (True, False, True)}),
+    ("erf", "unit", {"loss": "correlation"}),
+    ("tanh", "unit", {}),
+])
+def test_batch_drift_equals_one_state_at_a_time(act, rows, kw):
+    """committee_terms_batch (one call for every state; the relu/abs η² terms of the whole
+    batch in one compiled call per group of fields) equals committee_terms state by state:
+    D, S, E∂L/∂v and the drift, to rounding."""
+    K = 3 if "trainable" in kw else 2
+    states, T = _starts(np.random.default_rng(5), 4, K=K, rows=rows)
+    model = CommitteeModel(act, T, np.array([1.0, -0.8]), lr=0.5, rows=rows, **kw)
+    batch = committee_terms_batch(model, np.stack([st.Q for st in states]),
+                                  np.stack([st.R for st in states]),
+                                  np.stack([st.v for st in states]))
+    assert np.abs(batch.S).max() > 0  # the η² terms are there
+    for b, st in enumerate(states):
+        one = committee_terms(model, st)
+        for name in ("D", "S", "Gv"):
+            np.testing.assert_allclose(getattr(batch, name)[b], getattr(one, name),
+                                       rtol=1e-12, atol=1e-14)
+        for name in ("Q", "R", "v"):
+            np.testing.assert_allclose(getattr(batch.drift, name)[b],
+                                       getattr(one.drift, name), rtol=1e-12, atol=1e-14)
+
+
+def test_stacked_ode_equals_each_start_on_its_own():
+    """committee_ode_batch (one stacked DOP853, rtol 1e-6) against committee_ode from each
+    start at rtol 1e-9: the same losses and alignments to 1e-4 (ReLU, unit rows, η̄ = 0.5,
+    through the escape), in about the evaluations of one start."""
+    states, T = _starts(np.random.default_rng(9), 6, d=1000)
+    model = CommitteeModel("relu", T, np.ones(2), lr=0.5, rows="unit")
+    alphas = np.linspace(0.0, 60.0, 31)
+    ones = [committee_ode(model, st, alphas, integrator="solve_ivp", rtol=1e-9, atol=1e-12)
+            for st in states]
+    many = committee_ode_batch(model, states, alphas, rtol=1e-6, atol=1e-9)
+    for a, b in zip(ones, many, strict=True):
+        np.testing.assert_allclose(b.loss, a.loss, atol=1e-4)
+        np.testing.assert_allclose(b.alignment, a.alignment, atol=1e-4)
+    assert min(a.loss[-1] / a.loss[0] for a in ones) < 0.5  # through an escape
+    single = committee_ode(model, states[0], alphas, integrator="solve_ivp", rtol=1e-6,
+                           atol=1e-9)
+    assert many[0].evaluations < 2 * single.evaluations
+
+
+def test_overlay_integrates_a_models_starts_together(monkeypatch):
+    """committee_records sends the distinct starts of one model to integrate_batch, records
+    its curves, and they are each start's own ODE (integrate), to 1e-5."""
+    calls = []
+    original = overlay.integrate_batch
+
+    def spy(model, states, steps, d, **kw):
+        res = original(model, states, steps, d, **kw)
+        calls.append((model, states, steps, d, res))
+        return res
+
+    monkeypatch.setattr(overlay, "integrate_batch", spy)
+    cfg = RunConfig(instance=dict(activation="relu", k=2, d=200, xi=1.0, seed=1),
+                    eta=0.5 / 200, steps=6000, runs=3, seed=2, checkpoints=9,
+                    learner="scratch")
+    tr = simulate(cfg)
+    assert len(calls) == 1 and len(calls[0][1]) == 3
+    assert tr.extra_attrs["ode_loss"]["order"] == 2
+    model, states, steps, d, res = calls[0]
+    recorded = {tuple(np.round(row, 12)) for row in tr.extra["ode_loss"]}
+    for state, (lo, al) in zip(states, res, strict=True):
+        assert tuple(np.round(lo, 12)) in recorded
+        one_lo, one_al, _ = overlay.integrate(model, state, steps, d)
+        np.testing.assert_allclose(lo, one_lo, atol=1e-5)
+        np.testing.assert_allclose(al, one_al, atol=1e-5)
 
 
 # ---------------------------------------------------------------- the ODE beside SGD
@@ -197,7 +291,8 @@ def test_second_order_ode_tracks_the_sgd_mean_where_first_order_is_off(both_orde
                        seed=0).validate()
     traj = simulate(config)
     attrs = traj.extra_attrs["ode_loss"]
-    assert attrs["order"] == 2 and "note" not in attrs, attrs
+    assert attrs["order"] == 2 and "first order" not in attrs["note"], attrs
+    assert "leaves out SGD's step noise" in attrs["note"]  # η·d = 0.5: the escape
     first_attrs = both_orders["first"][1]["ode_loss"]
     assert first_attrs["order"] == 1 and "first order in η·d only" in first_attrs["note"]
     sgd = traj.loss.mean(0)

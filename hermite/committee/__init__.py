@@ -27,8 +27,10 @@ from .ode import (
     committee_drift,
     committee_loss,
     committee_ode,
+    committee_ode_batch,
     committee_step,
     committee_terms,
+    committee_terms_batch,
 )
 
 __all__ = [
@@ -42,8 +44,10 @@ __all__ = [
     "DriftTerms",
     "committee_drift",
     "committee_terms",
+    "committee_terms_batch",
     "committee_step",
     "committee_ode",
+    "committee_ode_batch",
     "committee_loss",
     "committee_alignment",
     "ROWS",

@@ -31,6 +31,7 @@ they change.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -41,6 +42,7 @@ from ._nested import _SHARP, TAIL
 __all__ = ["FAMILIES", "gprime_e2_compiled", "bvn_upper", "pair_moment"]
 
 FAMILIES = {"relu": 0, "abs": 1}
+THREAD_MIN_BATCH = 8  # integrals per thread below which a batch runs on the calling thread
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _SQRT2 = math.sqrt(2.0)
 _TWO_PI = 2.0 * math.pi
@@ -462,7 +464,7 @@ def _cholesky(C, tol):
     return L
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _batch(fam, C, coef, n_outer, q, t, wt, glx, glw, gln, tail, sharp):
     out = np.empty(C.shape[0])
     for b in range(C.shape[0]):
@@ -480,8 +482,26 @@ def gprime_e2_compiled(family: str, C, coef, n_outer: int, q: int) -> np.ndarray
     if C.shape[0] == 0:
         return np.zeros(0)
     t, wt = legendre(int(q))
-    return _batch(FAMILIES[family], C, coef, int(n_outer), int(q), np.asarray(t),
-                  np.asarray(wt), _GL_X, _GL_W, _GL_N, float(TAIL), float(_SHARP))
+    args = (int(n_outer), int(q), np.asarray(t), np.asarray(wt), _GL_X, _GL_W, _GL_N,
+            float(TAIL), float(_SHARP))
+    fam = FAMILIES[family]
+    threads = min(numba.get_num_threads(), C.shape[0] // THREAD_MIN_BATCH)
+    if threads < 2:
+        return _batch(fam, C, coef, *args)
+    cuts = np.linspace(0, C.shape[0], threads + 1).astype(int)
+    parts = _pool(threads).map(lambda ab: _batch(fam, C[ab[0]:ab[1]], coef[ab[0]:ab[1]], *args),
+                               zip(cuts[:-1], cuts[1:], strict=True))
+    return np.concatenate(list(parts))
+
+
+_POOLS: dict = {}
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """A cached pool of ``threads`` threads (the compiled batch releases the GIL)."""
+    if threads not in _POOLS:
+        _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="committee-e2")
+    return _POOLS[threads]
 
 
 @numba.njit(cache=True)

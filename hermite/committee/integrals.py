@@ -266,6 +266,33 @@ class CommitteeIntegrals:
             return self._gprime_e2_direct(C, coef, pairs, nz)
         return self._gprime_e2_i4_sum(C, coef, pairs, nz)
 
+    def gprime_e2_batch(self, C, coef, pairs) -> np.ndarray:
+        """(B, len(pairs)) :meth:`gprime_e2` for a batch of states, C (B, P, P), coef (B, P).
+
+        The compiled relu/abs path evaluates every state's pair in one call per group of
+        fields (fields with e ≠ 0 in any state of the batch: a zero coefficient adds nothing);
+        the other paths state by state."""
+        C = np.asarray(C, dtype=np.float64)
+        coef = np.asarray(coef, dtype=np.float64)
+        pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        B = C.shape[0]
+        out = np.zeros((B, len(pairs)))
+        nz = np.flatnonzero(np.any(coef != 0.0, axis=0))
+        if len(pairs) == 0 or len(nz) == 0:
+            return out
+        if self._pair is None or self.method == "quadrature":
+            for b in range(B):
+                out[b] = self.gprime_e2(C[b], coef[b], pairs)
+            return out
+        for (n_outer, _), members in _pair_groups(pairs, nz).items():
+            idx = np.array([m[1] for m in members])  # (G, n) fields of each pair in the group
+            sub = C[:, idx[:, :, None], idx[:, None, :]]  # (B, G, n, n)
+            vals = gprime_e2_compiled(self.family, sub.reshape(-1, *sub.shape[2:]),
+                                      coef[:, idx].reshape(-1, idx.shape[1]), n_outer,
+                                      self.q["q4"])
+            out[:, [m[0] for m in members]] = vals.reshape(B, len(members))
+        return out
+
     def _direct_e2(self, width: int, n_coef: int) -> bool:
         """Whether E[g′g′e²] is cheaper as one ``width``-dimensional quadrature per pair
         (the fields of e and the pair) than as the sum of n_coef(n_coef + 1)/2 4-D I4's, with
