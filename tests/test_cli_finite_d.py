@@ -56,9 +56,16 @@ def test_run_records_corrected_ode_and_band(tmp_path):
     assert traj.ode_corrected.shape == traj.overlap.shape
     assert np.all(traj.band_lower <= traj.band_upper)
     assert "ode_corrected" in json.loads(res.output)
-    # not recorded where it does not apply (joint ĉ)
+    # joint ĉ: the corrected ODE of hermite.finetune_population, no band
     res = CliRunner().invoke(cli, ["run", _spec(tmp_path), "--eta", "1e-3", "--steps", "100",
                                    "--runs", "2", "--joint-c", "--out", str(out),
                                    "--force"])  # replacing an existing file needs --force
+    assert res.exit_code == 0, res.output
+    traj = read_trajectory(out)[0]
+    assert np.isfinite(traj.ode_corrected).all() and traj.band_lower is None
+    # not recorded where finite-d theory is off
+    res = CliRunner().invoke(cli, ["run", _spec(tmp_path), "--eta", "1e-3", "--steps", "100",
+                                   "--runs", "2", "--joint-c", "--no-finite-d-theory",
+                                   "--out", str(out), "--force"])
     assert res.exit_code == 0, res.output
     assert read_trajectory(out)[0].ode_corrected is None

@@ -49,7 +49,7 @@ def test_one_median_line_band_and_ode_per_cell(files):
     dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
     assert len(dashed) == 4  # the ODE of every cell (joint ĉ: hermite.finetune_population)
     dashdot = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-."]
-    assert len(dashdot) == 2  # so does the noise-corrected ODE
+    assert len(dashdot) == 4  # and its noise-corrected form (joint ĉ: finetune_population)
     hatched = [c for c in ax.collections if c.get_hatch()]
     assert len(hatched) == 2  # the linear-noise theory band: projected, frozen ĉ only
     assert len(ax.collections) - len(hatched) == 4  # one 10–90 % band per cell

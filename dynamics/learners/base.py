@@ -30,7 +30,8 @@ switches on a learner's name):
 * ``memory(config, d, k)``: the numbers it holds per run (:class:`Memory`;
   ``dynamics.budget``), ``neurons(config, k)`` its number of student neurons and
   ``given_rows(config)`` the rows file it starts from (or None);
-* ``takes_step_size``, ``has_population_ode``, ``committee_loss`` (network learners: the
+* ``takes_step_size``, ``has_population_ode``, ``finetune_ode``,
+  ``committee_loss`` (network learners: the
   loss of the committee ODE beside their curves, else None), ``diagonal_alignment``;
 * ``step_limit(config, instance)``: the stability limit of η its theory gives (or None);
 * ``variant(config)`` / ``label(config)``: how figures and titles name a run of it.
@@ -106,6 +107,7 @@ class Learner:
     conventions = ("unit",)  # row conventions it runs (``Instance.convention``)
     takes_step_size = True  # False: η means nothing to it (no default-η note)
     has_population_ode = True  # an ODE of its overlap exists (where its options allow one)
+    finetune_ode = False  # its (û, ĉ) follow hermite.finetune_population's ODE (rank-1 LoRA)
     committee_loss = None  # "squared" | "correlation": a committee ODE goes beside its curves
     named_in_titles = True  # titles say its name (False: the default learner's variant only)
     diagonal_alignment = False  # alignment: mean ⟨vᵢ, ŵᵢ⟩ (True) or mean maxⱼ |cos(vᵢ, ŵⱼ)|

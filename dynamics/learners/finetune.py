@@ -120,7 +120,8 @@ class Finetune(Learner):
 
     name = "finetune"
     Options = FinetuneOptions
-    conventions = ("unit", "appB", "appB-sqrt")  # App. B's scalings: full engine, no theory
+    conventions = ("unit", "appB", "appB-sqrt")  # App. B's scalings: full engine
+    finetune_ode = True  # hermite.finetune_population in every regime
     named_in_titles = False  # the paper's learner: titles name its variant only
     # the rank-1 chain (p, μ, ν[, ĉ]): every setting reduces (:mod:`dynamics.reduced`)
     chain = ("dynamics.reduced.simulate", "RankOneChain")

@@ -36,10 +36,11 @@ class ExactChain:
     def quantity_supported(self, config, quantity: str) -> tuple[bool, str]:
         """(True, "") when :meth:`first_passages` can time ``quantity`` for ``config``,
         else (False, one-line reason)."""
-        if quantity in self.first_passage_quantities:
-            return True, ""
-        return False, (f"the {self.name} chain times first passages of "
-                       f"{' or '.join(self.first_passage_quantities)} only, not {quantity!r}")
+        try:
+            self.require_quantity(quantity)
+        except ValueError as exc:
+            return False, str(exc)
+        return True, ""
 
     def supported(self, config) -> tuple[bool, str]:
         """(True, "") when the chain is exact for ``config``, else (False, one-line reason)."""
@@ -53,10 +54,20 @@ class ExactChain:
         raise NotImplementedError
 
     def first_passages(self, config, levels, max_steps: int | None = None, *,
-                       absolute: bool = True, backend: str | None = None) -> np.ndarray:
-        """(L, R) first steps at which each run's overlap reaches each level (NaN: not by
-        ``max_steps``, default ``config.steps``; diverged runs never)."""
+                       absolute: bool = True, backend: str | None = None,
+                       quantity: str = "overlap") -> np.ndarray:
+        """(L, R) first steps at which each run's ``quantity`` reaches each level (NaN: not
+        by ``max_steps``, default ``config.steps``; diverged runs never); ValueError where the
+        chain cannot time ``quantity`` (:meth:`require_quantity`)."""
         raise NotImplementedError
+
+    def require_quantity(self, quantity: str) -> None:
+        """ValueError (:meth:`quantity_supported`'s reason) unless ``quantity`` is one of
+        ``first_passage_quantities``; config-dependent conditions are each chain's own."""
+        if quantity not in self.first_passage_quantities:
+            raise ValueError(f"the {self.name} chain times first passages of "
+                             f"{' or '.join(self.first_passage_quantities)} only, not "
+                             f"{quantity!r}")
 
     def initial_trajectory(self, config, *, backend: str | None = None):
         """The runs' start only (one checkpoint, step 0), as :meth:`simulate` records it."""

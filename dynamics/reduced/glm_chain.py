@@ -225,6 +225,7 @@ class GLMChain(ExactChain):
         return simulate_glm(config, backend=backend, _chi2_dof=_chi2_dof, instances=instances)
 
     def first_passages(self, config, levels, max_steps=None, *, absolute=True,
-                       backend=None) -> np.ndarray:
+                       backend=None, quantity="overlap") -> np.ndarray:
+        self.require_quantity(quantity)
         return np.array([first_passage_glm(config, x, max_steps, absolute=absolute,
                                            backend=backend) for x in levels])

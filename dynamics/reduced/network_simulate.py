@@ -214,8 +214,7 @@ class NetworkChain(ExactChain):
         moot (the scratch alignment is ≥ 0; ``sparse``'s signed cos(vᵢ, ŵᵢ) is compared as
         it is)."""
         backend = _check_backend(config, backend)
-        if quantity not in ("overlap", "loss"):
-            raise ValueError(f"first passages of 'overlap' or 'loss', got {quantity!r}")
+        self.require_quantity(quantity)
         instances = config.run_instances()
         if quantity == "loss":
             ok, why = loss_levels_supported(config, instances[0])

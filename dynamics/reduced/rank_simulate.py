@@ -61,8 +61,9 @@ class RankChain(ExactChain):
         return simulate_rank_reduced(config, instances)
 
     def first_passages(self, config, levels, max_steps=None, *, absolute=True,
-                       backend=None) -> np.ndarray:
+                       backend=None, quantity="overlap") -> np.ndarray:
         """All r singular values of M ≥ level (absolute by nature)."""
+        self.require_quantity(quantity)
         return np.array([first_passage_rank(config, x, max_steps) for x in levels])
 
 

@@ -88,7 +88,8 @@ class RankOneChain(ExactChain):
         return _record(config, backend, np.zeros(1, dtype=np.int64), None)
 
     def first_passages(self, config, levels, max_steps=None, *, absolute=True,
-                       backend=None) -> np.ndarray:
+                       backend=None, quantity="overlap") -> np.ndarray:
+        self.require_quantity(quantity)
         return _first_passages(config, levels, max_steps, absolute, backend)
 
 
@@ -253,13 +254,8 @@ def first_passages_reduced(config: RunConfig, levels, max_steps: int | None = No
     levels = [float(x) for x in levels]
     if not levels or not all(math.isfinite(x) for x in levels):
         raise ValueError(f"levels must be finite numbers, got {levels}")
-    chain = _supported_chain(config)
-    ok, why = chain.quantity_supported(config, quantity)
-    if not ok:
-        raise ValueError(why)
-    other = {} if quantity == "overlap" else {"quantity": quantity}  # chains that time the loss
-    return chain.first_passages(config, levels, max_steps, absolute=absolute, backend=backend,
-                                **other)
+    return _supported_chain(config).first_passages(config, levels, max_steps, absolute=absolute,
+                                                   backend=backend, quantity=quantity)
 
 
 def _first_passages(config, levels, max_steps, absolute, backend) -> np.ndarray:

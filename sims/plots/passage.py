@@ -117,12 +117,14 @@ def _finetune_setting(curve: Curve):
     """(instance, RunConfig) of a fine-tuning curve, or (None, reason)."""
     from dynamics.config import RunConfig
     from dynamics.instance import build_instance
+    from dynamics.learners import get_learner
 
     cfg = curve.config or {}
     if not cfg:
         return None, "the file records no run config"
-    if cfg.get("learner", "finetune") != "finetune":
-        return None, f"the {cfg.get('learner')} learner has no population ODE of fine-tuning"
+    learner = get_learner(cfg.get("learner", "finetune"))
+    if not learner.finetune_ode:
+        return None, f"the {learner.name} learner has no population ODE of fine-tuning"
     spec = dict(cfg.get("instance") or {})
     if spec.get("teacher", "finetune") != "finetune":
         return None, "a committee teacher has no population ODE of fine-tuning"
