@@ -29,6 +29,7 @@ from sims.experiments.reproduce import render, reproduce  # noqa: E402
 from sims.io.sweep import read_sweep  # noqa: E402
 from sims.plots.curves import Curve, load_curves  # noqa: E402
 from sims.plots.passage import (  # noqa: E402
+    RTOL,
     censored_quantile,
     draw_passage,
     first_passage,
@@ -131,7 +132,7 @@ def test_theory_plateau_lengthens_at_quick_sizes():
     assert base["joint_c"] and not base["project"]
     times = np.array([hermite.finetune_steps_to_reach(
         build_instance(base["instance"] | {"xi": xi}), eta, LEVEL,
-        m0=np.array([1.0, -1.0]) / math.sqrt(d), project=False, joint_c=True)
+        m0=np.array([1.0, -1.0]) / math.sqrt(d), project=False, joint_c=True, rtol=RTOL)
         for xi in fig6.xis(k)])  # (ξ, sign)
     assert np.isfinite(times).all()
     above = times[list(fig6.MULTIPLES).index(4):]
@@ -177,7 +178,7 @@ def test_theory_line_is_finetune_steps_to_reach_of_each_cell(tiny):
         eta_c = cfg["eta"] if cfg.get("eta_c") is None else cfg["eta_c"]
         want = hermite.finetune_steps_to_reach(
             inst, cfg["eta"], LEVEL, m0=np.array([1.0, -1.0]) / math.sqrt(inst.d),
-            project=False, joint_c=True, eta_c=eta_c, prox=cfg.get("prox", 0.0))
+            project=False, joint_c=True, eta_c=eta_c, prox=cfg.get("prox", 0.0), rtol=RTOL)
         assert [row.theory[1], row.theory[-1]] == pytest.approx(want, rel=1e-12)
         # the runs start at the uniform law's |⟨û₀,u⟩| ~ d^{-1/2}
         assert np.sqrt(np.mean(row.m0**2)) < 3 / math.sqrt(inst.d)

@@ -40,6 +40,7 @@ X_AXES = {
     "xi/sqrt(k)": ("ξ/√k", lambda a: float(a["xi"]) / math.sqrt(float(a["k"]))),
 }
 THEORY_SIGNS = (1, -1)  # m₀ = +d^{-1/2}, −d^{-1/2}
+RTOL = 1e-7  # of the passage times (DOP853; a step count to 7 digits)
 THEORY_STYLE = {1: {"color": "#b2182b", "marker": "o"}, -1: {"color": "#2166ac", "marker": "s"}}
 SGD_COLOR = "black"
 NUDGE = 1.06  # an ODE median beyond the horizon: its open marker beside SGD's (x × or ÷)
@@ -153,7 +154,7 @@ def theory_passages(curve: Curve, level: float, signs=THEORY_SIGNS, model=None
     m0 = np.array([s / math.sqrt(inst.d) for s in signs])
     steps = hermite.finetune_steps_to_reach(inst, config.eta, level, m0=m0, project=o.project,
                                             joint_c=o.joint_c, eta_c=config.step_size_c,
-                                            prox=o.prox, model=model)
+                                            prox=o.prox, model=model, rtol=RTOL)
     return dict(zip(signs, (float(v) for v in steps), strict=True)), None
 
 
