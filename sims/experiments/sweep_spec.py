@@ -148,16 +148,7 @@ class SweepSpec:
         except ValueError as exc:
             raise SweepSpecError(f"{where}: {exc}") from None
         if not self.trajectory:
-            from dynamics.learners import get_learner
-            from dynamics.reduced import reduced_supported
-
-            ok, why = reduced_supported(config)  # what engine "auto" would choose by
-            chain = get_learner(config.learner).exact_chain()
-            if config.engine == "full" or not ok or not chain.records_start:
-                raise SweepSpecError(
-                    f"{where}: trajectory = false needs the reduced engine and an exact "
-                    f"chain that records the start alone (finetune, scratch, scratch-csq, "
-                    f"sparse) ({why or 'engine ' + repr(config.engine)})")
+            self._reduced_chain(config, where, "trajectory = false", start=True)
         if self.first_passage_of != "overlap":
             self._check_quantity(config, where)
         digest = cell_hash(config, self.first_passage, self.absolute, self.trajectory,
@@ -167,17 +158,29 @@ class SweepSpec:
 
     def _check_quantity(self, config: RunConfig, where: str) -> None:
         """SweepSpecError unless the cell's exact chain times ``first_passage_of``."""
+        what = f"first_passage_of = {self.first_passage_of!r}"
+        chain = self._reduced_chain(config, where, what)
+        ok, why = chain.quantity_supported(config, self.first_passage_of)
+        if not ok:
+            raise SweepSpecError(f"{where}: {what}: {why}")
+
+    @staticmethod
+    def _reduced_chain(config: RunConfig, where: str, what: str, start: bool = False):
+        """The cell's exact chain, or SweepSpecError "``what`` needs the reduced engine" with
+        the reason where the cell does not run on one (engine "full", or no exact chain for
+        its setting: what engine "auto" chooses by); ``start``: the chain must also record the
+        runs' start alone (a cell without a trajectory)."""
         from dynamics.learners import get_learner
         from dynamics.reduced import reduced_supported
 
         ok, why = reduced_supported(config)
-        if config.engine == "full" or not ok:
-            raise SweepSpecError(f"{where}: first_passage_of = {self.first_passage_of!r} needs "
-                                 f"the reduced engine ({why or 'engine ' + repr(config.engine)})")
-        chain = get_learner(config.learner).exact_chain()
-        ok, why = chain.quantity_supported(config, self.first_passage_of)
-        if not ok:
-            raise SweepSpecError(f"{where}: first_passage_of = {self.first_passage_of!r}: {why}")
+        chain = get_learner(config.learner).exact_chain() if ok else None
+        if config.engine == "full" or not ok or (start and not chain.records_start):
+            also = (" and an exact chain that records the start alone (finetune, scratch, "
+                    "scratch-csq, sparse)") if start else ""
+            raise SweepSpecError(f"{where}: {what} needs the reduced engine{also} "
+                                 f"({why or 'engine ' + repr(config.engine)})")
+        return chain
 
 
 def passage_key(level: float, quantity: str = "overlap") -> str:
