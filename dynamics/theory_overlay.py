@@ -49,9 +49,14 @@ __all__ = [
 
 FINITE_D_MAX_ETA_D = 10.0  # beyond η·d ≈ 10 SGD is far past its noise floor / diverges
 CORRECTED_BUDGET_S = 20.0  # estimated seconds allowed for the corrected ODE of a trajectory
-# seconds per run, RK4 step and row k of the corrected ODE (QMC average and drift), measured
-# on the 2-core machine under load (k = 4…32, 64 runs; hermite.finetune_population)
+# seconds per run, RK4 step and row k of the corrected ODE (QMC average and drift) at small k
+# with a closed-form kernel, measured on the 2-core machine under load (k = 4…32, 64 runs;
+# hermite.finetune_population); the drift's pair terms add a factor 1 + k/32 and a kernel
+# without a closed form its factor (measured at k = 50, unprojected, per run, step and row:
+# relu 9.5e-5 s, tanh (Chebyshev dual kernel) 2.3e-4 s, sigmoid App. B (Mehler) 1.3e-3 s)
 CORRECTED_SECONDS = {"projected": 2.4e-5, "unprojected": 4.5e-5}
+KERNEL_COST = {"closed": 1.0, "interpolated": 3.0, "mehler": 15.0}
+POLYNOMIAL_TERMS = 16  # a Mehler series of at most this many terms costs as a closed form
 
 
 def theory_applies(config) -> bool:
@@ -201,8 +206,20 @@ def corrected_seconds(config, instances: list[Instance], steps) -> float:
     o = config.options
     rate = max(config.eta, config.step_size_c if o.joint_c else 0.0)
     rk4 = math.ceil(float(np.max(steps)) * rate / FLOW_STEP)
-    per = CORRECTED_SECONDS["projected" if o.project else "unprojected"]
-    return len(instances) * rk4 * instances[0].k * per
+    k = instances[0].k
+    per = CORRECTED_SECONDS["projected" if o.project else "unprojected"] * (1.0 + k / 32.0)
+    return len(instances) * rk4 * k * per * KERNEL_COST[_kernel_kind(instances[0])]
+
+
+def _kernel_kind(inst: Instance) -> str:
+    """``closed`` (a closed-form pair kernel), ``interpolated`` (unit rows, the certified
+    interpolant of the dual kernel) or ``mehler`` (App. B rows, Mehler's series)."""
+    kernel = hermite.PairKernel(inst.activation, unit_rows=inst.unit_rows)
+    if kernel.method == "mehler":  # a polynomial's series is short: as cheap as closed
+        return "mehler" if kernel.terms > POLYNOMIAL_TERMS else "closed"
+    if kernel.method == "unit" and kernel.act.kernel is None:
+        return "interpolated"
+    return "closed"
 
 
 def corrected_applies(config, d: int) -> bool:

@@ -406,6 +406,25 @@ def test_corrected_ode_over_its_budget_is_not_recorded_and_says_so(monkeypatch, 
     assert "finite-d corrected ODE not recorded" in capsys.readouterr().err
 
 
+def test_corrected_cost_estimate_follows_k_and_the_kernel():
+    """The estimate grows faster than k and with a kernel without a closed form, so Fig. 4's
+    App. B setting (sigmoid, k = 50, unprojected, 16 runs, η·d = 0.03, 500·d steps: measured
+    ≈ 1.3e-3 s per run, RK4 step and row, ≈ 6 min) is over the budget and skipped."""
+    import dynamics.theory_overlay as overlay
+
+    def est(act, k, conv="unit", runs=16):
+        spec = dict(activation=act, k=k, d=1000, xi=1.0, seed=1, convention=conv)
+        cfg = RunConfig(instance=spec, eta=3e-5, steps=500_000, runs=runs, joint_c=True,
+                        project=False)
+        return overlay.corrected_seconds(cfg, [build_instance(spec)] * runs, [0, 500_000])
+
+    assert est("relu", 50) > 6.25 * est("relu", 8)
+    assert est("tanh", 8) > 2 * est("relu", 8)
+    assert est("sigmoid", 50, "appB") > 10 * est("relu", 50)
+    assert est("he3", 8, "appB") == est("relu", 8)  # a short (polynomial) Mehler series
+    assert est("sigmoid", 50, "appB") > 16 * 375 * 50 * 1.3e-3 > overlay.CORRECTED_BUDGET_S
+
+
 def test_projected_frozen_path_is_unchanged():
     spec = dict(activation="relu", k=K, d=60, xi=1.0, seed=1)
     cfg = RunConfig(instance=spec, eta=0.002, steps=400, runs=4, seed=3, checkpoints=6)
