@@ -34,28 +34,11 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chain_settings import NN2PP_ERF, claim2_config, committee_config  # noqa: E402
 from peer_nn2pp import loradyn_rate, nn2pp_rate  # noqa: E402
 
 from dynamics.config import RunConfig  # noqa: E402
 from dynamics.reduced.network_simulate import ChainStart, NetworkChain  # noqa: E402
-
-NN2PP_ERF = "erf(x/sqrt2)"
-
-
-def committee_config(d: int, width: int, steps: int) -> RunConfig:
-    """nn2pp's default: free rows of scale 1, T = I teacher, erf(x/√2), η = 0.5/d."""
-    spec = {"activation": NN2PP_ERF, "k": width, "d": d, "teacher": "committee",
-            "W": "orthonormal", "seed": 0}
-    return RunConfig(instance=spec, learner="scratch", rows="free", eta=0.5 / d,
-                     steps=steps, runs=1, seed=0, checkpoints=2,
-                     finite_d_theory=False).validate()
-
-
-def claim2_config(d: int, steps: int) -> RunConfig:
-    spec = {"activation": "he3", "k": 4, "d": d, "xi": 1.0, "W": "claim2", "seed": 0,
-            "c_hat": "teacher"}
-    return RunConfig(instance=spec, learner="scratch", eta=0.5 / d, steps=steps, runs=1,
-                     seed=0, checkpoints=2, finite_d_theory=False).validate()
 
 
 def chain_rate(config: RunConfig, steps: tuple[int, int]) -> float:

@@ -10,6 +10,7 @@ against the dense trajectory of the same streams.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -343,6 +344,16 @@ def test_cuda_kernel_in_simulator_equals_cpu_kernel(tmp_path):
         assert np.ptp(cpu[0][:, -1]) > 0, name  # the runs really moved apart
         for i, ref in enumerate(cpu):
             np.testing.assert_allclose(sim[f"{name}:{i}"], ref, rtol=1e-12, atol=1e-13,
+                                       err_msg=f"{name}, array {i}")
+
+
+@pytest.mark.skipif(not os.environ.get("LORADYN_TEST_CUDA"), reason="set LORADYN_TEST_CUDA=1 "
+                    "on a machine with a GPU")
+def test_cuda_kernel_on_device_equals_cpu_kernel():  # pragma: no cover - needs a GPU
+    for name in CUDA_CASES:
+        for i, (gpu, cpu) in enumerate(zip(advance_cuda_case(name, "numba-cuda"),
+                                           advance_cuda_case(name, "numba"), strict=True)):
+            np.testing.assert_allclose(gpu, cpu, rtol=1e-9, atol=1e-12,
                                        err_msg=f"{name}, array {i}")
 
 
