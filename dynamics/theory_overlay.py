@@ -13,7 +13,9 @@
     is joint, its ⟨ĉ, c⟩/(‖ĉ‖‖c‖) as ``extra/ode_c_overlap`` (attribute ``note``: which ODE),
     and, where :func:`corrected_applies`, the finite-d corrected ODE of the same regime
     (``hermite.finetune_ode(corrected=True)``) as ``ode_corrected`` and
-    ``extra/ode_corrected_c_overlap``;
+    ``extra/ode_corrected_c_overlap``, and with joint ĉ, projected û, unit rows and b = 1 the
+    10–90% linear-noise band around it (``hermite.finetune_band.joint_band``) as
+    ``band_lower``/``band_upper`` and ``extra/band_c_lower``/``extra/band_c_upper``;
 - :func:`initial_drift_sign`, sign h(0), which fixes the aligned start of Thm 5.
 
 The start: ``m₀`` of every run, and, from the rank-1 assembly, the first checkpoint's
@@ -56,6 +58,9 @@ CORRECTED_BUDGET_S = 20.0  # estimated seconds allowed for the corrected ODE of 
 # relu 9.5e-5 s, tanh (Chebyshev dual kernel) 2.3e-4 s, sigmoid App. B (Mehler) 1.3e-3 s)
 CORRECTED_SECONDS = {"projected": 2.4e-5, "unprojected": 4.5e-5}
 KERNEL_COST = {"closed": 1.0, "interpolated": 3.0, "mehler": 15.0}
+# the joint band per start node costs about (BAND_COST + k) corrected ODEs: the Jacobian's
+# 2(k + 1) differences every 4 RK4 steps and the step's moments on 2× the points
+BAND_COST = 5.0
 POLYNOMIAL_TERMS = 16  # a Mehler series of at most this many terms costs as a closed form
 
 
@@ -164,6 +169,8 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
     ode, c_ode = np.full(shape, np.nan), np.full(shape, np.nan)
     corr, c_corr = np.full(shape, np.nan), np.full(shape, np.nan)
     p0, mu0, c0 = finetune_start(config, instances, m0, start)
+    band, band_skipped = _joint_band_plan(config, instances, steps) if corrected else (None,
+                                                                                         None)
     for inst, idx in group_runs(instances):
         kw = dict(mu0=mu0[idx], p0=p0[idx], c_hat0=c0[idx], project=o.project,
                   joint_c=o.joint_c, eta_c=config.step_size_c, prox=o.prox)
@@ -174,6 +181,13 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
                                        batch=config.batch, label_noise=config.label_noise,
                                        **kw)
             corr[idx], c_corr[idx] = sol.m, sol.c_overlap
+        if band is not None:
+            from hermite.finetune_band import joint_band
+
+            b = joint_band(inst, config.eta, inst.d, steps, mu0[idx], c0[idx],
+                           eta_c=config.step_size_c, label_noise=config.label_noise)
+            for key, edge in zip(band, (b.lower, b.upper, b.c_lower, b.c_upper), strict=True):
+                band[key][idx] = edge
     eta_d = config.eta * instances[0].d
     plain = ("plain O(η) population ODE (hermite.finetune_ode): drops the O(η²d) finite-d "
              f"drift, so its gap to the SGD mean grows with η·d (here η·d = {eta_d:.3g})")
@@ -186,6 +200,19 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
     if corrected:
         out["ode_corrected"] = corr
         out["extra_attrs"]["ode_corrected"] = {"note": fixed, "ode": "corrected"}
+    if band is not None:
+        from hermite.finetune_band import BAND_NODES
+
+        note = ("10–90% linear-noise band around the finite-d corrected ODE "
+                "(hermite.finetune_band.joint_band: mixture over ≤ "
+                f"{BAND_NODES} of the runs' starts)")
+        out["band_lower"], out["band_upper"] = band["band_lower"], band["band_upper"]
+        out["extra"].update(band_c_lower=band["band_c_lower"], band_c_upper=band["band_c_upper"])
+        for key in band:
+            out["extra_attrs"][key] = {"note": note + ("; of ⟨ĉ, c⟩/‖ĉ‖‖c‖" if "_c_" in key
+                                                       else "; of ⟨û, u⟩")}
+    elif band_skipped:
+        out["extra_attrs"]["ode"]["band"] = band_skipped
     if o.joint_c:
         out["extra"]["ode_c_overlap"] = c_ode
         out["extra_attrs"]["ode_c_overlap"] = {
@@ -196,6 +223,30 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
                 "note": fixed + "; ⟨û, u⟩ of the same ODE is `ode_corrected`",
                 "ode": "corrected"}
     return out
+
+
+def _joint_band_plan(config, instances: list[Instance], steps):
+    """({band key: NaN (R, C) array to fill}, None) where the joint band is recorded beside
+    the corrected ODE, (None, why not) where its estimate is over the budget, (None, None)
+    where it is not derived (:func:`hermite.finetune_band.joint_band_applies`)."""
+    from hermite.finetune_band import BAND_NODES, joint_band_applies
+
+    o = config.options
+    model = hermite.FinetuneModel(instances[0], config.eta, project=o.project,
+                                  joint_c=o.joint_c, eta_c=config.step_size_c, prox=o.prox)
+    if joint_band_applies(model, config.batch) is not None:
+        return None, None
+    groups = len(list(group_runs(instances)))
+    nodes = instances[: min(len(instances), BAND_NODES * groups)]
+    cost = corrected_seconds(config, nodes, steps) * (BAND_COST + instances[0].k)
+    if cost > CORRECTED_BUDGET_S:
+        why = (f"joint linear-noise band not recorded: ≈ {cost:.0f} s > "
+               f"{CORRECTED_BUDGET_S:g} s (hermite.finetune_band.joint_band gives it)")
+        print(f"note: {why}", file=sys.stderr)
+        return None, why
+    shape = (len(instances), len(steps))
+    keys = ("band_lower", "band_upper", "band_c_lower", "band_c_upper")
+    return {key: np.full(shape, np.nan) for key in keys}, None
 
 
 def corrected_seconds(config, instances: list[Instance], steps) -> float:

@@ -18,7 +18,7 @@ from numba import njit
 
 from .activations_numba import sigma_and_deriv
 
-__all__ = ["second_moment_block"]
+__all__ = ["second_moment_block", "step_moments_block"]
 
 
 @njit(cache=True, nogil=True)
@@ -90,3 +90,57 @@ def second_moment_block(p, mu, ch, z, a, b, lz, y, L, lam, xi, unit, row_scale, 
             acc += sq + base - sdot * sdot
         res[r] = acc / n
     return res
+
+
+@njit(cache=True, nogil=True)
+def step_moments_block(mu, ch, a, b, lz, y, rho2, lam, xi, eta, eta_c, code, deg):
+    """Mean (R, 1 + k) and covariance (R, 1 + k, 1 + k) over the points of the exact chain's
+    one-step increment of (μ, ĉ) (projected û, unit rows, b = 1; the formulas of
+    :mod:`hermite.finetune_band`) at states μ (R,), ĉ (R, k); ρ² (N,) the rest's squared norm
+    at each point. The compiled form of ``StepMoments.increments`` (numpy, its reference)."""
+    runs, k = ch.shape
+    n, dim = a.shape[0], 1 + ch.shape[1]
+    mean = np.zeros((runs, dim))
+    cov = np.zeros((runs, dim, dim))
+    xc = np.empty(k)
+    sc = np.empty(k)
+    inc = np.empty(dim)
+    for r in range(runs):
+        m0 = mu[r]
+        nu = math.sqrt(max(1.0 - m0 * m0, 0.0))
+        for j in range(k):
+            xc[j] = xi * ch[r, j]
+            sc[j] = 1.0 / math.sqrt(1.0 + xc[j] * xc[j])
+        s1 = np.zeros(dim)
+        s2 = np.zeros((dim, dim))
+        for t in range(n):
+            s = m0 * a[t] + nu * b[t]
+            f = 0.0
+            gsum = 0.0  # Σⱼ λⱼσ′(âⱼ)ξĉⱼ/N̂ⱼ
+            for j in range(k):
+                pre = (lz[t, j] + xc[j] * s) * sc[j]
+                val, der = sigma_and_deriv(pre, code, deg)
+                f += lam[j] * val
+                inc[1 + j] = lam[j] * der * xi * sc[j] * (s - pre * xc[j] * sc[j])
+                gsum += lam[j] * der * xc[j] * sc[j]
+            res = -2.0 * (y[t] - f)
+            g = res * gsum
+            tau = g * s
+            ne = m0 - eta * (g * a[t] - tau * m0)
+            nt = nu - eta * (g * b[t] - tau * nu)
+            eg = eta * g
+            inc[0] = ne / math.sqrt(ne * ne + nt * nt + eg * eg * rho2[t]) - m0
+            for j in range(k):
+                inc[1 + j] *= -eta_c * res
+            for i in range(dim):
+                s1[i] += inc[i]
+                for j in range(i + 1):
+                    s2[i, j] += inc[i] * inc[j]
+        for i in range(dim):
+            mean[r, i] = s1[i] / n
+        for i in range(dim):
+            for j in range(i + 1):
+                c = (s2[i, j] - n * mean[r, i] * mean[r, j]) / (n - 1)
+                cov[r, i, j] = c
+                cov[r, j, i] = c
+    return mean, cov

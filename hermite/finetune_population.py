@@ -427,15 +427,18 @@ class SecondMoment:
     randomised QMC over (z, a, b, ε) with fixed points (common random numbers)."""
 
     def __init__(self, model: FinetuneModel, d: int, batch: int = 1, label_noise: float = 0.0,
-                 points: int = QMC_POINTS, seed: int = 0):
+                 points: int = QMC_POINTS, seed: int = 0, extra_dims: int = 0):
+        """``extra_dims``: further uniform coordinates of the same points, kept as
+        ``self.extra`` (N, extra_dims) for a caller's own variates."""
         self.model, self.d, self.batch = model, int(d), int(batch)
         k = model.k
         if self.d < k + 2:
             raise ValueError(f"d must be ≥ k + 2 = {k + 2}, got {d}")
         self.noise_sd = math.sqrt(float(label_noise))
-        sob = scipy.stats.qmc.Sobol(k + 3, scramble=True, seed=seed)
+        sob = scipy.stats.qmc.Sobol(k + 3 + extra_dims, scramble=True, seed=seed)
         u = sob.random(points)
-        z = scipy.stats.norm.ppf(np.clip(u, 1e-16, 1 - 1e-16))
+        self.extra = np.clip(u[:, k + 3:], 1e-16, 1 - 1e-16)
+        z = scipy.stats.norm.ppf(np.clip(u[:, :k + 3], 1e-16, 1 - 1e-16))
         self.z, self.a, self.b, self.eps = (np.ascontiguousarray(v) for v in (
             z[:, :k], z[:, k], z[:, k + 1], z[:, k + 2]))
         self.lz = self.z @ model.L.T  # (n, k) Wx in span W

@@ -51,7 +51,7 @@ def test_one_median_line_band_and_ode_per_cell(files):
     dashdot = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-."]
     assert len(dashdot) == 4  # and its noise-corrected form (joint ĉ: finetune_population)
     hatched = [c for c in ax.collections if c.get_hatch()]
-    assert len(hatched) == 2  # the linear-noise theory band: projected, frozen ĉ only
+    assert len(hatched) == 4  # the linear-noise theory band (frozen and joint ĉ, projected)
     assert len(ax.collections) - len(hatched) == 4  # one 10–90 % band per cell
     assert ax.get_xlabel() == "SGD steps t" and ax.get_ylabel() == "overlap ⟨û_t, u⟩"
     assert ax.get_xscale() == "log"

@@ -450,15 +450,19 @@ def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-") -> set | 
         if _median_line(ax, xs, getattr(t, "ode_corrected", None), keep, color, quantity,
                         lw=1.2, ls="-."):
             theory.add("corrected")
-        if _theory_band(ax, xs, t, keep, color, quantity):
+        if quantity == "overlap" and _theory_band(ax, xs, getattr(t, "band_lower", None),
+                                                  getattr(t, "band_upper", None), keep, color):
             theory.add("band")
+    if quantity == "c_overlap" and _theory_band(
+            ax, xs, _source(curve.traj, "extra:band_c_lower"),
+            _source(curve.traj, "extra:band_c_upper"), keep, color):
+        theory.add("band")
     return theory
 
 
-def _theory_band(ax, xs, traj, keep, color, quantity) -> bool:
+def _theory_band(ax, xs, lo, hi, keep, color) -> bool:
     """Hatched 10–90% linear-noise theory band (median over runs of its edges), if recorded."""
-    lo, hi = getattr(traj, "band_lower", None), getattr(traj, "band_upper", None)
-    if lo is None or hi is None or quantity != "overlap":
+    if lo is None or hi is None:
         return False
     lo, hi = np.asarray(lo, dtype=float)[:, keep], np.asarray(hi, dtype=float)[:, keep]
     if not np.isfinite(lo).any():
