@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from chain_runs import joint_chain_runs
 
 from dynamics.activations import torch_activation
 from dynamics.config import RunConfig
@@ -107,34 +108,12 @@ def test_step_covariance_against_an_explicit_step_under_autograd(act):
     assert np.abs(zm).max() < 5
 
 
-def _chain_runs(act, d, k, eta_d, runs=1024):
-    """(steps, m (R, C), cos(ĉ, c) (R, C), instance, m₀) of exact-chain runs, no theory."""
-    from dynamics.reduced.params import pack_instances
-    from dynamics.reduced.simulate import _choose_backend, _initial_state, _run
-    from dynamics.trajectory import checkpoint_steps
-
-    spec = dict(activation=act, k=k, d=d, xi=1.0, c="gaussian", c_hat="gaussian", seed=1)
-    cfg = RunConfig(instance=spec, eta=eta_d / d, steps=int(6 * d / eta_d), runs=runs, seed=3,
-                    checkpoints=13, spacing="linear", engine="reduced", joint_c=True,
-                    init="aligned").validate()
-    inst = cfg.run_instances()
-    params = pack_instances(inst)
-    backend, device = _choose_backend(cfg, None, inst[0].activation.name)
-    steps = checkpoint_steps(cfg.steps, cfg.checkpoints, cfg.spacing)
-    states, mu, nu, m0 = _initial_state(cfg, params, inst)
-    rec, _, _ = _run(cfg, params, inst, backend, device, mu, nu, states, steps, int(steps[-1]),
-                     dof=None)
-    c = inst[0].c
-    cos = rec["chat"] @ c / np.linalg.norm(rec["chat"], axis=-1) / np.linalg.norm(c)
-    return steps, rec["m"], cos, inst[0], m0, cfg.eta
-
-
 def test_band_against_1024_exact_chain_runs():
     """ReLU, k = 4, d = 1000, η·d = 1, aligned start, joint ĉ: the band's 10–90 % width is
     within 10 % of that of 1024 exact-chain runs at every checkpoint, for ⟨û, u⟩ and for
     cos(ĉ, c), its edges within 0.5 sd of the empirical quantiles (measured: widths 0.94–1.05,
     edges ≤ 0.34 sd), and without the step noise the band would be far too narrow."""
-    steps, m, cos, inst, m0, eta = _chain_runs("relu", 1000, 4, 1.0)
+    steps, m, cos, inst, m0, eta = joint_chain_runs("relu", 1000, 4, 1.0)
     band = joint_band(inst, eta, inst.d, steps, m0 / inst.u_perp, inst.c_hat)
     for x, lo, hi in ((m, band.lower, band.upper), (cos, band.c_lower, band.c_upper)):
         q = np.quantile(x, [0.1, 0.9], axis=0)

@@ -1,0 +1,30 @@
+"""Runs of the exact rank-1 chain with ĉ trained jointly, without the theory a Trajectory
+records (the tests that compare theory with many runs compute their own)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dynamics.config import RunConfig
+
+
+def joint_chain_runs(act, d, k, eta_d, runs=1024):
+    """(steps, m (R, C), cos(ĉ, c) (R, C), instance, m₀) of exact-chain runs, no theory."""
+    from dynamics.reduced.params import pack_instances
+    from dynamics.reduced.simulate import _choose_backend, _initial_state, _run
+    from dynamics.trajectory import checkpoint_steps
+
+    spec = dict(activation=act, k=k, d=d, xi=1.0, c="gaussian", c_hat="gaussian", seed=1)
+    cfg = RunConfig(instance=spec, eta=eta_d / d, steps=int(6 * d / eta_d), runs=runs, seed=3,
+                    checkpoints=13, spacing="linear", engine="reduced", joint_c=True,
+                    init="aligned").validate()
+    inst = cfg.run_instances()
+    params = pack_instances(inst)
+    backend, device = _choose_backend(cfg, None, inst[0].activation.name)
+    steps = checkpoint_steps(cfg.steps, cfg.checkpoints, cfg.spacing)
+    states, mu, nu, m0 = _initial_state(cfg, params, inst)
+    rec, _, _ = _run(cfg, params, inst, backend, device, mu, nu, states, steps, int(steps[-1]),
+                     dof=None)
+    c = inst[0].c
+    cos = rec["chat"] @ c / np.linalg.norm(rec["chat"], axis=-1) / np.linalg.norm(c)
+    return steps, rec["m"], cos, inst[0], m0, cfg.eta
