@@ -88,8 +88,7 @@ def finite_d_applies(config, d: int | None = None) -> bool:
     η·d ≤ ``FINITE_D_MAX_ETA_D`` (the finite-d map is an expansion in η with ηd = O(1));
     ``d``: the runs' dimension (default: the spec's)."""
     d = build_instance(config.instance).d if d is None else d
-    return (theory_applies(config) and config.batch == 1 and config.finite_d_theory
-            and config.eta * d <= FINITE_D_MAX_ETA_D)
+    return theory_applies(config) and config.batch == 1 and corrected_applies(config, d)
 
 
 def theory_records(config, instances: list[Instance], m0: np.ndarray,
@@ -265,7 +264,11 @@ def corrected_seconds(config, instances: list[Instance], steps) -> float:
 def _kernel_kind(inst: Instance) -> str:
     """``closed`` (a closed-form pair kernel), ``interpolated`` (unit rows, the certified
     interpolant of the dual kernel) or ``mehler`` (App. B rows, Mehler's series)."""
-    kernel = hermite.PairKernel(inst.activation, unit_rows=inst.unit_rows)
+    from .losses import pair_kernel
+
+    kernel = pair_kernel(inst.activation, inst.unit_rows)
+    if kernel is None:  # no pair kernel: the corrected ODE's drift has none either
+        return "mehler"
     if kernel.method == "mehler":  # a polynomial's series is short: as cheap as closed
         return "mehler" if kernel.terms > POLYNOMIAL_TERMS else "closed"
     if kernel.method == "unit" and kernel.act.kernel is None:

@@ -56,13 +56,14 @@ def test_run_records_corrected_ode_and_band(tmp_path):
     assert traj.ode_corrected.shape == traj.overlap.shape
     assert np.all(traj.band_lower <= traj.band_upper)
     assert "ode_corrected" in json.loads(res.output)
-    # joint ĉ: the corrected ODE of hermite.finetune_population, no band
+    # joint ĉ: the corrected ODE of hermite.finetune_population and its joint band
     res = CliRunner().invoke(cli, ["run", _spec(tmp_path), "--eta", "1e-3", "--steps", "100",
                                    "--runs", "2", "--joint-c", "--out", str(out),
                                    "--force"])  # replacing an existing file needs --force
     assert res.exit_code == 0, res.output
     traj = read_trajectory(out)[0]
-    assert np.isfinite(traj.ode_corrected).all() and traj.band_lower is None
+    assert np.isfinite(traj.ode_corrected).all() and np.all(traj.band_lower <= traj.band_upper)
+    assert "joint_band" in traj.extra_attrs["band_lower"]["note"]
     # not recorded where finite-d theory is off
     res = CliRunner().invoke(cli, ["run", _spec(tmp_path), "--eta", "1e-3", "--steps", "100",
                                    "--runs", "2", "--joint-c", "--no-finite-d-theory",
