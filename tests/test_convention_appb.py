@@ -104,10 +104,12 @@ def test_run_uses_the_exact_loss():
     # correction (hermite.finetune_population.SecondMoment)
     assert np.isfinite(traj.ode).all() and np.isfinite(traj.ode_corrected).all()
     assert np.isfinite(traj.loss).all() and np.isfinite(traj.overlap).all()
-    # reduced engine refuses with a reason; auto falls back to the full engine
-    with pytest.raises(ValueError, match="App. B"):
-        simulate(RunConfig(**(cfg.to_dict() | {"engine": "reduced"})))
-    assert simulate(RunConfig(**(cfg.to_dict() | {"engine": "auto"}))).engine == "full"
+    # the rank-1 chain reduces App. B's rows too (its step = the explicit step to 1e-12:
+    # tests/test_reduced_step.py), so auto takes it, with the same exact loss and theory
+    red = simulate(RunConfig(**(cfg.to_dict() | {"engine": "auto"})))
+    assert red.engine == "reduced" and red.loss_kind == "exact"
+    assert np.isfinite(red.loss).all() and np.isfinite(red.ode_corrected).all()
+    np.testing.assert_allclose(red.c_overlap[:, 0], traj.c_overlap[:, 0], rtol=1e-12)
 
 
 def test_bad_convention_inputs():

@@ -1,8 +1,9 @@
 """The reduced chain equals the O(d) dynamics step by step on the same random numbers.
 
-Reference: explicit vectors in R^d, ∇L by autograd through N̂ⱼ = ‖wⱼ + ξĉⱼû‖, then eq. (4)
-literally: û ← (û − η(I − ûûᵀ)[Π]∇L)/‖·‖, ĉ ← ĉ − η_c ∂L/∂ĉ. The reduced variates are read
-off the same examples: z = x[:k], a = x_k, b = ⟨ê, x⟩, Gram of the parts ⊥ span(W, e, ê).
+Reference: explicit vectors in R^d, ∇L by autograd through N̂ⱼ = ‖wⱼ + ξĉⱼû‖ (App. B: rows
+s(wⱼ + ξĉⱼû) and output factor 1/ξ, no renormalisation), then eq. (4) literally:
+û ← (û − η(I − ûûᵀ)[Π]∇L)/‖·‖, ĉ ← ĉ − η_c ∂L/∂ĉ. The reduced variates are read off the same
+examples: z = x[:k], a = x_k, b = ⟨ê, x⟩, Gram of the parts ⊥ span(W, e, ê).
 """
 
 import numpy as np
@@ -21,8 +22,8 @@ SPEC = dict(k=K, d=D, W="separated", u_alpha=0.3, c="gaussian", c_hat="gaussian"
 TOL = 1e-12
 
 
-def _instance(act, w="separated"):
-    return build_instance(dict(SPEC, activation=act, W=w))
+def _instance(act, w="separated", convention="unit"):
+    return build_instance(dict(SPEC, activation=act, W=w, convention=convention))
 
 
 def _explicit_step(inst, u, ch, X, eps, eta, eta_c, project, joint):
@@ -34,12 +35,17 @@ def _explicit_step(inst, u, ch, X, eps, eta, eta_c, project, joint):
     uvec[:K], uvec[K] = torch.as_tensor(inst.u_w), inst.u_perp
     lam, c = torch.as_tensor(inst.lam), torch.as_tensor(inst.c)
     X = torch.as_tensor(X)
+    o = inst.output_scale
+
+    def rows(v):
+        return v / v.norm(dim=1, keepdim=True) if inst.unit_rows else inst.row_scale * v
+
     v = W + inst.xi * c[:, None] * uvec
-    y = act.fn(X @ (v / v.norm(dim=1, keepdim=True)).T) @ lam + torch.as_tensor(eps)
+    y = o * act.fn(X @ rows(v).T) @ lam + torch.as_tensor(eps)
     u = torch.as_tensor(u).clone().requires_grad_(True)
     ch = torch.as_tensor(ch).clone().requires_grad_(True)
     vh = W + inst.xi * ch[:, None] * u
-    loss = ((y - act.fn(X @ (vh / vh.norm(dim=1, keepdim=True)).T) @ lam) ** 2).mean()
+    loss = ((y - o * act.fn(X @ rows(vh).T) @ lam) ** 2).mean()
     gu, gc = torch.autograd.grad(loss, (u, ch))
     u = u.detach()
     if project:
@@ -61,17 +67,20 @@ def _state(u):
     return u[:K], u[K], np.linalg.norm(u[K + 1:])
 
 
-CASES = [(act, w, project, joint, batch, noise)
+CASES = [(act, w, project, joint, batch, noise, "unit")
          for act, w in (("relu", "separated"), ("relu", "orthonormal"),
                         ("sigmoid", "separated"), ("he3", "separated"))
          for project in (True, False) for joint in (False, True)
          for batch, noise in ((1, 0.0), (3, 0.4))]
+CASES += [(act, "separated", project, joint, 3, 0.4, conv)
+          for act, conv in (("relu", "appB"), ("tanh", "appB-sqrt"), ("he3", "appB"))
+          for project, joint in ((True, True), (False, False), (False, True))]
 
 
-@pytest.mark.parametrize("act,w,project,joint,batch,noise", CASES)
-def test_numba_chain_equals_explicit_dynamics(act, w, project, joint, batch, noise):
+@pytest.mark.parametrize("act,w,project,joint,batch,noise,conv", CASES)
+def test_numba_chain_equals_explicit_dynamics(act, w, project, joint, batch, noise, conv):
     """Several steps (so ê rotates between steps) agree to 1e-12."""
-    inst = _instance(act, w)
+    inst = _instance(act, w, conv)
     rng = np.random.default_rng(7)
     u = np.zeros(D)
     u[K:] = rng.standard_normal(D - K)
@@ -100,10 +109,11 @@ def test_numba_chain_equals_explicit_dynamics(act, w, project, joint, batch, noi
 
 
 @pytest.mark.parametrize("project,joint", [(True, False), (True, True), (False, True)])
-@pytest.mark.parametrize("act", ["relu", "he3"])
-def test_torch_step_equals_numba_step(act, project, joint):
+@pytest.mark.parametrize("act,conv", [("relu", "unit"), ("he3", "unit"), ("relu", "appB"),
+                                      ("he3", "appB-sqrt")])
+def test_torch_step_equals_numba_step(act, conv, project, joint):
     """The torch path's step on the numba path's variates (R runs of different states)."""
-    inst = _instance(act)
+    inst = _instance(act, convention=conv)
     params = pack_instances([inst] * 5)
     rng = np.random.default_rng(3)
     runs, batch = 5, 2

@@ -8,8 +8,9 @@ the Gram matrix of the examples' parts rₙ ⊥ span(W, e, ê), from which ρ² 
 
 Packed arguments (named tuples, which numba and numba-cuda both compile): :class:`Hyper` (the
 settings of a call), :class:`Inst` (per-instance rows ``prm`` = [λ (k), c (k), N (k),
-u_w (k), u⊥, ξ] and the k×k factor ``L``, rows wᵢ in an orthonormal basis of span W;
-``ident`` skips L z), :class:`Runs` (the runs' state, in place) and :class:`Records`
+u_w (k), u⊥, ξ, s, o] and the k×k factor ``L``, rows wᵢ in an orthonormal basis of span W;
+``ident`` skips L z; s = 0 for unit rows, else the App. B row factor: rows s(wⱼ + ξĉⱼû), never
+renormalised, output factor o = 1/ξ), :class:`Runs` (the runs' state, in place) and :class:`Records`
 (checkpoints). Nothing here allocates except :func:`scratch`, so the same code runs as a CUDA
 device function (:mod:`.cuda_kernel`).
 """
@@ -35,7 +36,7 @@ Hyper = namedtuple("Hyper", ["project", "joint", "code", "hp", "dof", "eta", "et
 Hyper.__doc__ = """Settings of one call: variant flags, σ's (code, p), χ² dof d − k − 2, η,
 η_c, batch b, label-noise sd, horizon, stop level (inf: none) and whether it applies to |m|."""
 Inst = namedtuple("Inst", ["L", "ident", "prm", "inst_idx"])
-Inst.__doc__ = "Per-instance L (I, k, k), ident (I,), prm (I, 4k + 2); instance of each run (R,)."
+Inst.__doc__ = "Per-instance L (I, k, k), ident (I,), prm (I, 4k + 4); instance of each run (R,)."
 Runs = namedtuple("Runs", ["states", "mu", "nu", "pw", "chat", "div_step", "hit_step"])
 Runs.__doc__ = "The runs' streams, μ, ν, p, ĉ (advanced in place) and div/hit steps (R,)."
 Records = namedtuple("Records", ["cp_steps", "cp_m", "cp_mu", "cp_nu", "cp_pw", "cp_chat"])
@@ -47,7 +48,7 @@ FLAT_ARGS = ("project", "joint", "L", "ident", "prm", "inst_idx", "code", "hp", 
              "stop_level", "stop_abs", "hit_step")
 
 _Pre = namedtuple("_Pre", ["lam", "uw", "u_perp", "xi", "has_uw", "refresh", "chi2_prep",
-                           "res_scale", "given", "use_stop"])
+                           "res_scale", "given", "use_stop", "row_scale", "inv_out"])
 _Rows = namedtuple("_Rows", ["tc1", "tc2", "wz", "ahat", "sdv", "gw", "gc", "wu", "sc1", "sc2",
                              "vu", "A", "Bv", "eps", "gvec", "Z"])
 
@@ -70,8 +71,9 @@ def scratch(k, batch):
 
 
 @njit(cache=True)
-def _student_coeffs(L, ident, xi, pw, chat, project, wu, sc1, sc2, vu):
-    """1/N̂ⱼ, ξĉⱼ/N̂ⱼ and ⟨v̂ⱼ, û⟩ with N̂ⱼ = √(1 + 2ξĉⱼ⟨wⱼ,û⟩ + ξ²ĉⱼ²) (R2)."""
+def _student_coeffs(L, ident, xi, pw, chat, project, wu, sc1, sc2, vu, row_scale):
+    """1/N̂ⱼ, ξĉⱼ/N̂ⱼ and ⟨v̂ⱼ, û⟩ with N̂ⱼ = √(1 + 2ξĉⱼ⟨wⱼ,û⟩ + ξ²ĉⱼ²) (R2); App. B
+    (``row_scale`` s > 0): s, sξĉⱼ and 0 (no renormalisation, so no term from its gradient)."""
     k = chat.shape[0]
     for j in range(k):
         acc = 0.0
@@ -83,6 +85,11 @@ def _student_coeffs(L, ident, xi, pw, chat, project, wu, sc1, sc2, vu):
                     acc += L[j, i] * pw[i]
         wu[j] = acc
         xc = xi * chat[j]
+        if row_scale > 0.0:
+            sc1[j] = row_scale
+            sc2[j] = row_scale * xc
+            vu[j] = 0.0
+            continue
         nh = math.sqrt(1.0 + 2.0 * xc * acc + xc * xc)
         sc1[j] = 1.0 / nh
         sc2[j] = xc / nh
@@ -153,7 +160,7 @@ def _example(hyp, pre, w, n, ux, s):
     w.ahat, w.sdv. Two accumulators each (even/odd neurons) halve the dependency chains."""
     wz, tc1, tc2, sc1, sc2, ahat, sdv, lam = (w.wz, w.tc1, w.tc2, w.sc1, w.sc2, w.ahat, w.sdv,
                                               pre.lam)
-    f0 = w.eps[n]
+    f0 = w.eps[n] * pre.inv_out
     f1 = 0.0
     q0 = 0.0
     q1 = 0.0
@@ -168,7 +175,7 @@ def _example(hyp, pre, w, n, ux, s):
         else:
             f1 += df
             q1 += dq
-    res = pre.res_scale * (f0 + f1)  # −2(y − f̂)/b
+    res = pre.res_scale * (f0 + f1)  # −2o(y − f̂)/b
     return res, res * (q0 + q1)  # g = Σⱼ δⱼξĉⱼ/N̂ⱼ, δⱼ = res λⱼσ′(âⱼ)
 
 
@@ -180,7 +187,7 @@ def _backprop(hyp, pre, L, ident, w, res, s):
     k = gw.shape[0]
     for j in range(k):
         beta = res * lam[j] * sdv[j]
-        if not hyp.project:
+        if not hyp.project and pre.row_scale == 0.0:  # the renormalisation's gradient
             kap = beta * ahat[j] * sc2[j] * sc1[j]
             if ident:
                 gw[j] -= kap
@@ -285,7 +292,8 @@ def _step(ctx, sc, t):
     st, mu, nu = sc
     st = _variates(hyp, given, t, st, w)
     if pre.refresh:
-        _student_coeffs(L, ident, pre.xi, pw, chat, hyp.project, w.wu, w.sc1, w.sc2, w.vu)
+        _student_coeffs(L, ident, pre.xi, pw, chat, hyp.project, w.wu, w.sc1, w.sc2, w.vu,
+                        pre.row_scale)
     ge, geh = _gradient(hyp, pre, L, ident, mu, nu, pw, w)
     rho2, st = _rho2(pre, given, t, st, w.gvec)
     mu, nu = _sphere_step(hyp, mu, nu, ge, geh, rho2, pw, chat, w)
@@ -324,9 +332,10 @@ def _prepare(hyp, prm, w, given):
         gc[i] = 0.0
     for n in range(hyp.batch):
         eps[n] = 0.0
+    out = prm[4 * k + 3]
     return _Pre(prm[:k], uw, prm[4 * k], xi, has_uw, hyp.joint or not hyp.project,
-                _rng.chi2_prepare(hyp.dof), -2.0 / hyp.batch, given[0].shape[0] > 0,
-                math.isfinite(hyp.stop_level))
+                _rng.chi2_prepare(hyp.dof), -2.0 * out * out / hyp.batch, given[0].shape[0] > 0,
+                math.isfinite(hyp.stop_level), prm[4 * k + 2], 1.0 / out)
 
 
 @njit(cache=True, _nrt=False)  # allocates nothing; see _drive on reference counting
@@ -344,7 +353,8 @@ def run_one(r, hyp, inst, sc, pw, chat, rec, given, work):
     w = _Rows(wk[0], wk[1], wk[2], wk[3], wk[4], wk[5], wk[6], wk[7], wk[8], wk[9], wk[10],
               wb[0], wb[1], wb[2], wb[3], Z)
     pre = _prepare(hyp, inst[2], w, given)
-    _student_coeffs(inst[0], inst[1], pre.xi, pw, chat, hyp.project, w.wu, w.sc1, w.sc2, w.vu)
+    _student_coeffs(inst[0], inst[1], pre.xi, pw, chat, hyp.project, w.wu, w.sc1, w.sc2, w.vu,
+                    pre.row_scale)
     ctx = (r, hyp, inst, pre, pw, chat, rec, given, w)
     return drive(_step, _record, ctx, sc, hyp.n_steps, rec.cp_steps)
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ExactChain", "unit_convention"]
+__all__ = ["ExactChain", "convention_supported"]
 
 
-def unit_convention(config) -> tuple[bool, str]:
-    """(False, reason) for the App. B conventions (fixed row scale: no chain reduces them)."""
-    if config.instance.get("convention", "unit") != "unit":
-        return False, ("reduced engine: the App. B conventions (fixed row scale) are not "
-                       "reduced; use --engine full")
+def convention_supported(config, chain) -> tuple[bool, str]:
+    """(False, reason) where ``chain`` does not reduce the instance's row convention
+    (``chain.conventions``: the unit rows, and for the rank-1 chain the App. B ones too)."""
+    convention = config.instance.get("convention", "unit")
+    if convention not in chain.conventions:
+        return False, (f"reduced engine: the {chain.name} chain reduces the "
+                       f"{', '.join(chain.conventions)} convention(s), not {convention!r}; "
+                       "use --engine full")
     return True, ""
 
 
@@ -26,6 +29,8 @@ class ExactChain:
     :meth:`initial_trajectory`, which only chains with ``records_start`` provide)."""
 
     name = "?"
+    #: the instance row conventions (``convention`` of the spec) the chain reduces
+    conventions = ("unit",)
     #: the chain can record the runs' start alone (``initial_trajectory``): what a sweep cell
     #: with ``trajectory = false`` stores beside its exact first passages
     records_start = False

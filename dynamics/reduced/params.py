@@ -16,7 +16,8 @@ class ChainParams:
     """Per-instance arrays (leading axis I = number of distinct instances) and the run map.
 
     L : (I, k, k) rows wᵢ in an orthonormal basis of span W; ident : (I,) L is the identity.
-    prm : (I, 4k + 2) rows [λ, c, N (teacher norms), u_w, u⊥, ξ].
+    prm : (I, 4k + 4) rows [λ, c, N (teacher norms), u_w, u⊥, ξ, s, o]: s = 0 for unit rows,
+    else the App. B row factor; o the output factor (1/ξ in App. B, else 1).
     inst_idx : (R,) instance of each run. c_hat0 : (R, k) initial ĉ of each run.
     instances : the I distinct instances.
     """
@@ -34,8 +35,9 @@ class ChainParams:
 
 
 def _row(inst: Instance) -> np.ndarray:
+    scale = 0.0 if inst.unit_rows else inst.row_scale
     return np.concatenate([inst.lam, inst.c, inst.teacher_norms(), inst.u_w,
-                           [inst.u_perp, inst.xi]]).astype(np.float64)
+                           [inst.u_perp, inst.xi, scale, inst.output_scale]]).astype(np.float64)
 
 
 def distinct(items: list) -> tuple[list, np.ndarray]:

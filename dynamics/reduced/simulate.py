@@ -18,7 +18,7 @@ from ..theory_overlay import initial_drift_sign
 from ..trajectory import RunResult, Trajectory, checkpoint_steps
 from . import _kernel, torch_chain
 from ._chain import Inst, Records, Runs, make_hyper
-from .exact_chain import ExactChain, unit_convention
+from .exact_chain import ExactChain, convention_supported
 from .params import ChainParams, pack_instances
 
 __all__ = ["ENGINE", "BACKENDS", "RankOneChain", "reduced_supported", "simulate_resolved",
@@ -44,14 +44,14 @@ def reduced_supported(config: RunConfig) -> tuple[bool, str]:
     ``supported`` names."""
     from ..learners import LEARNERS
 
-    ok, why = unit_convention(config)
-    if not ok:
-        return ok, why
     chain, learner = _chain(config)
     if chain is None:
         having = [name for name in LEARNERS if _has_chain(name)]
         return False, (f"reduced engine: learner {learner.name!r} has no exact finite-state "
                        f"reduction (only {', '.join(repr(n) for n in having)})")
+    ok, why = convention_supported(config, chain)
+    if not ok:
+        return ok, why
     return chain.supported(config)
 
 
@@ -72,13 +72,15 @@ def _supported_chain(config: RunConfig):
 
 class RankOneChain(ExactChain):
     """The exact chain of ``finetune`` (module docstring of :mod:`dynamics.reduced`): every
-    setting (projected or not, ĉ frozen or joint, any b, label noise, any W and u) reduces."""
+    setting (projected or not, ĉ frozen or joint, any b, label noise, any W and u, unit rows
+    or the App. B conventions) reduces."""
 
     name = "rank-1"
     records_start = True
+    conventions = ("unit", "appB", "appB-sqrt")
 
     def supported(self, config) -> tuple[bool, str]:
-        return unit_convention(config)
+        return convention_supported(config, self)
 
     def simulate(self, config, *, instances=None, backend=None, _chi2_dof=None) -> Trajectory:
         steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)

@@ -25,7 +25,8 @@ _SYNC_EVERY = 256  # steps between host syncs to test whether any run is still l
 @dataclass
 class TorchParams:
     """Per-run constants (leading axis R): L (R,k,k) or None when every L = I; λ, c, u_w;
-    teacher coefficients t1 = 1/N, t2 = ξc/N; u⊥, ξ (R,)."""
+    teacher coefficients t1 = 1/N, t2 = ξc/N; u⊥, ξ (R,); App. B rows: ``scale`` s and
+    ``out`` o (R,) (None for unit rows)."""
 
     L: torch.Tensor | None
     lam: torch.Tensor
@@ -34,6 +35,8 @@ class TorchParams:
     t2: torch.Tensor
     u_perp: torch.Tensor
     xi: torch.Tensor
+    scale: torch.Tensor | None = None
+    out: torch.Tensor | None = None
 
     @classmethod
     def from_params(cls, p: ChainParams, device, dtype) -> TorchParams:
@@ -46,8 +49,10 @@ class TorchParams:
         xi = prm[:, 4 * k + 1]
         norms = prm[:, 2 * k:3 * k]
         L = None if bool(p.ident.all()) else t(p.L[idx])
+        appb = bool((prm[:, 4 * k + 2] > 0.0).any())
         return cls(L, t(prm[:, :k]), t(prm[:, 3 * k:4 * k]), t(1.0 / norms),
-                   t(xi[:, None] * prm[:, k:2 * k] / norms), t(prm[:, 4 * k]), t(xi))
+                   t(xi[:, None] * prm[:, k:2 * k] / norms), t(prm[:, 4 * k]), t(xi),
+                   t(prm[:, 4 * k + 2]) if appb else None, t(prm[:, 4 * k + 3]) if appb else None)
 
 
 def _wmul(L, z):
@@ -65,9 +70,13 @@ def step(P: TorchParams, act, project: bool, joint: bool, eta: float, eta_c: flo
     batch = A.shape[1]
     xc = P.xi[:, None] * chat
     wu = None if project else (pw if P.L is None else torch.einsum("rij,rj->ri", P.L, pw))
-    n2 = 1.0 + xc * xc if project else 1.0 + xc * (2.0 * wu + xc)
-    sc1 = torch.rsqrt(n2)
-    sc2 = xc * sc1
+    if P.scale is None:
+        n2 = 1.0 + xc * xc if project else 1.0 + xc * (2.0 * wu + xc)
+        sc1 = torch.rsqrt(n2)
+        sc2 = xc * sc1
+    else:  # App. B: fixed row factor s, no renormalisation
+        sc1 = P.scale[:, None].expand_as(xc)
+        sc2 = xc * sc1
     wz = _wmul(P.L, Z)
     ux = P.u_perp[:, None] * A + (Z * P.u_w[:, None]).sum(-1)
     s = mu[:, None] * A + nu[:, None] * Bv
@@ -76,17 +85,25 @@ def step(P: TorchParams, act, project: bool, joint: bool, eta: float, eta_c: flo
     t_pre = wz * P.t1[:, None] + ux[..., None] * P.t2[:, None]
     ah = wz * sc1[:, None] + s[..., None] * sc2[:, None]
     lam = P.lam[:, None]
-    res = -2.0 * (eps + (act.fn(t_pre) * lam).sum(-1) - (act.fn(ah) * lam).sum(-1)) / batch
+    if P.out is None:
+        res = -2.0 * (eps + (act.fn(t_pre) * lam).sum(-1) - (act.fn(ah) * lam).sum(-1)) / batch
+    else:  # output factor o: −2o(y − f̂)/b with y − f̂ = o Σ λ(σ(t) − σ(â)) + ε
+        o = P.out[:, None]
+        res = -2.0 * o * (eps + o * ((act.fn(t_pre) - act.fn(ah)) * lam).sum(-1)) / batch
     delta = res[..., None] * lam * act.deriv(ah)  # (R, b, k), δⱼ/b
     g = (delta * sc2[:, None]).sum(-1)  # ḡₙ
     ge = (g * A).sum(-1)
     geh = (g * Bv).sum(-1)
     if not project:
-        kap = (delta * ah * (sc2 * sc1)[:, None]).sum(1)  # Σₙ γ
-        gw = (g[..., None] * Z).sum(1) - (kap if P.L is None else
-                                          (kap[:, None, :] @ P.L)[:, 0])
+        gw = (g[..., None] * Z).sum(1)
+        if P.scale is None:  # the renormalisation's gradient
+            kap = (delta * ah * (sc2 * sc1)[:, None]).sum(1)  # Σₙ γ
+            gw = gw - (kap if P.L is None else (kap[:, None, :] @ P.L)[:, 0])
     if joint:
-        vu = sc2 if project else (wu + xc) * sc1
+        if P.scale is not None:
+            vu = torch.zeros_like(sc2)
+        else:
+            vu = sc2 if project else (wu + xc) * sc1
         gc = (delta * (P.xi[:, None] * sc1)[:, None]
               * (s[..., None] - ah * vu[:, None])).sum(1)
     rho2 = chi * (g * g).sum(-1) if gram is None else torch.einsum("rb,rbc,rc->r", g, gram, g)
