@@ -364,3 +364,22 @@ def test_cuda_backend_needs_a_cuda_device():
         NetworkChain().simulate(config_of("unit", 30), backend="numba-cuda")
     with pytest.raises(ValueError, match="backend must be one of numba, numba-cuda"):
         NetworkChain().simulate(config_of("unit", 30), backend="torch")
+
+
+def test_committee_teacher_reduces_down_to_d_k_plus_width_plus_b():
+    """A committee teacher's rows lie in span W (t = k), so the chain covers d = k + k′ + b:
+    there its law is the full engine's (KS on the loss, 256 runs each); one less is refused."""
+    from dynamics.reduced import reduced_supported
+
+    spec = {"activation": "erf(x/sqrt2)", "k": 2, "d": 5, "teacher": "committee",
+            "W": "orthonormal", "seed": 0}
+    cfg = RunConfig(instance=spec, learner="scratch", rows="free", eta=0.1, steps=200,
+                    runs=256, seed=0, checkpoints=5, engine="reduced", finite_d_theory=False)
+    assert reduced_supported(cfg) == (True, "")
+    red = simulate(cfg)
+    full = simulate(RunConfig(**(cfg.to_dict() | {"engine": "full"})))
+    assert red.engine == "reduced" and full.engine == "full"
+    for j in range(1, 5):
+        assert stats.ks_2samp(red.loss[:, j], full.loss[:, j]).pvalue > 1e-3
+    ok, why = reduced_supported(RunConfig(**(cfg.to_dict() | {"instance": spec | {"d": 4}})))
+    assert not ok and "d ≥ k + k′ + b = 5" in why
