@@ -383,3 +383,26 @@ def test_committee_teacher_reduces_down_to_d_k_plus_width_plus_b():
         assert stats.ks_2samp(red.loss[:, j], full.loss[:, j]).pvalue > 1e-3
     ok, why = reduced_supported(RunConfig(**(cfg.to_dict() | {"instance": spec | {"d": 4}})))
     assert not ok and "d ≥ k + k′ + b = 5" in why
+
+
+def test_fused_pass_gives_the_two_pass_numbers():
+    """Wide rows (k′(t + 2k′ + 1) ≥ FUSE_MIN, b = 1) take the next step's fields in the pass
+    that updates the rows; a stop rule (here one never met) turns that off. Both draw the same
+    numbers in the same order, so the records agree to rounding and the streams exactly."""
+    from dynamics.reduced.network_simulate import ChainStart, NetworkChain
+
+    spec = {"activation": "erf(x/sqrt2)", "k": 2, "d": 500, "teacher": "committee",
+            "W": "orthonormal", "seed": 0}
+    config = RunConfig(instance=spec, learner="scratch", rows="free", width=32, eta=0.5 / 500,
+                       steps=300, runs=3, seed=0, checkpoints=3,
+                       finite_d_theory=False).validate()
+    assert 32 * (2 + nc.storage_width(32, 1)) >= nc.FUSE_MIN
+    chain, steps = NetworkChain(), np.array([0, 97, 300])
+    fused, rec_f = chain._advance(ChainStart(config, config.run_instances()), steps, 300)
+    plain, rec_p = chain._advance(ChainStart(config, config.run_instances()), steps, 300,
+                                  stop_kind="alignment", stop_level=2.0)
+    np.testing.assert_array_equal(fused.states, plain.states)
+    np.testing.assert_array_equal(fused.m, plain.m)
+    assert np.ptp(rec_f.cross[:, -1]) > 0  # the runs moved apart
+    for a, b in ((rec_f.cross, rec_p.cross), (rec_f.gram, rec_p.gram)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)

@@ -45,10 +45,13 @@ exactly the full engine's records, handed to the learner's own ``trajectory`` (e
 alignment, committee ODE). Needs d ≥ t + k′ + b (else the full engine, cheap there).
 
 Cost per step: b(t + m) normals (m ≤ 2k′ + b) and b χ² draws, O(bk′(t + k′)) flops,
-independent of d. Divergence (a non-finite health value 1/nⱼ, gradient or state) marks the
-run and freezes it at its last finite state. Runs advance in blocks on numba's threads, each on
-its own SplitMix64 stream seeded from (seed, r), so the numbers do not depend on R or on
-the thread count.
+independent of d. For b = 1 the update takes no batch loops, and where the rows outgrow the
+L1 cache (k′(t + 2k′ + 1) ≥ :data:`FUSE_MIN`, no stop rule) the pass that updates the rows
+also takes the next step's fields (its example drawn first, the numbers in the same order), so
+the rows are read once per step. Divergence (a non-finite health value 1/nⱼ, gradient or
+state) marks the run and freezes it at its last finite state. Runs advance in blocks on
+numba's threads, each on its own SplitMix64 stream seeded from (seed, r), so the numbers do
+not depend on R or on the thread count.
 """
 
 from __future__ import annotations
@@ -67,6 +70,10 @@ from ._drive import DIVERGED, HIT, RUNNING, drive
 
 __all__ = ["STOP_KINDS", "NetHyper", "NetRuns", "NetRecords", "make_net_hyper", "advance_network",
            "storage_width", "min_dimension", "step_given"]
+
+#: k′(t + storage) from which the b = 1 update also takes the next step's fields (one pass
+#: over the rows per step instead of two)
+FUSE_MIN = 2048
 
 NetHyper = namedtuple("NetHyper", [
     "code", "hp", "scale", "correlation", "free", "train", "eta", "eta_c", "noise_sd",
@@ -116,11 +123,30 @@ def min_dimension(t: int, width: int, batch: int) -> int:
 
 @njit(cache=True)
 def _work(b, kp, t, ms):
-    return NetWork(np.empty((b, t)), np.empty((b, ms)), np.empty(b), np.empty((b, kp)),
-                   np.zeros((b, b)),
+    # x_A, x_E, ε, Λ have 2b rows: b = 1 keeps the next step's example in slot 1 − r
+    return NetWork(np.empty((2 * b, t)), np.empty((2 * b, ms)), np.empty(2 * b),
+                   np.empty((b, kp)), np.zeros((2 * b, b)),
                    np.empty(kp), np.empty(kp), np.empty(kp), np.empty(kp), np.empty(kp),
                    np.empty((b, b)), np.empty((kp, b)), np.empty(kp), np.empty(kp),
                    np.empty(ms), np.empty((ms + 1, b, 3)))
+
+
+@njit(cache=True, inline="always")
+def _dot4(a, b, lo, hi):
+    """Σ_{lo ≤ q < hi} a[q] b[q] in four interleaved partial sums (a fixed order, so the
+    same numbers on every target; four independent chains instead of one)."""
+    d0 = d1 = d2 = d3 = 0.0
+    q = lo
+    while q + 4 <= hi:
+        d0 += a[q] * b[q]
+        d1 += a[q + 1] * b[q + 1]
+        d2 += a[q + 2] * b[q + 2]
+        d3 += a[q + 3] * b[q + 3]
+        q += 4
+    while q < hi:
+        d0 += a[q] * b[q]
+        q += 1
+    return (d0 + d1) + (d2 + d3)
 
 
 @njit(cache=True)
@@ -129,25 +155,47 @@ def _compress(P, Z, m, free, hv):
     become 0); unit rows renormalised. Returns the new width min(m, k′)."""
     kp = Z.shape[0]
     for j in range(min(kp, m)):
+        zj = Z[j]
         norm2 = 0.0
         for q in range(j, m):
-            hv[q] = Z[j, q]
-            norm2 += Z[j, q] * Z[j, q]
+            hv[q] = zj[q]
+            norm2 += zj[q] * zj[q]
         norm = math.sqrt(norm2)
         if norm == 0.0:
             continue
         alpha = -norm if hv[j] > 0.0 else norm  # v = x − αe₁ without cancellation
         hv[j] -= alpha
-        vv = norm2 - 2.0 * alpha * Z[j, j] + alpha * alpha
+        vv = norm2 - 2.0 * alpha * zj[j] + alpha * alpha
         if vv == 0.0:
             continue
-        for i in range(j, kp):
-            dot = 0.0
+        zj[j] = alpha  # row j reflects onto αe₁ exactly
+        for q in range(j + 1, m):
+            zj[q] = 0.0
+        two_over_vv = 2.0 / vv
+        i = j + 1
+        while i + 2 <= kp:  # two rows per pass over v: half the loads of v, more chains
+            za, zb = Z[i], Z[i + 1]
+            a0 = a1 = b0 = b1 = 0.0
+            q = j
+            while q + 2 <= m:
+                a0 += za[q] * hv[q]
+                a1 += za[q + 1] * hv[q + 1]
+                b0 += zb[q] * hv[q]
+                b1 += zb[q + 1] * hv[q + 1]
+                q += 2
+            if q < m:
+                a0 += za[q] * hv[q]
+                b0 += zb[q] * hv[q]
+            fa, fb = (a0 + a1) * two_over_vv, (b0 + b1) * two_over_vv
             for q in range(j, m):
-                dot += Z[i, q] * hv[q]
-            f = 2.0 * dot / vv
+                za[q] -= fa * hv[q]
+                zb[q] -= fb * hv[q]
+            i += 2
+        if i < kp:
+            zi = Z[i]
+            f = _dot4(zi, hv, j, m) * two_over_vv
             for q in range(j, m):
-                Z[i, q] -= f * hv[q]
+                zi[q] -= f * hv[q]
     new_m = min(m, kp)
     for i in range(kp):
         for q in range(new_m, m):
@@ -374,16 +422,202 @@ def _update(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w):
     return m + b, RUNNING
 
 
+@njit(cache=True, inline="always")
+def _draw1(hyp, t, m, st, w, r):
+    """:func:`_draw` for one example (b = 1) into slot r of the work arrays (row r of x_A,
+    x_E, ε and Λ): the same numbers in the same order."""
+    xa, xe = w.xa[r], w.xe[r]
+    for q in range(t):
+        xa[q], st = _rng.normal(st)
+    for q in range(m):
+        xe[q], st = _rng.normal(st)
+    w.eps[r] = 0.0
+    if hyp.noise_sd > 0.0:
+        e, st = _rng.normal(st)
+        w.eps[r] = hyp.noise_sd * e
+    c = w.chi[m, 0]
+    q2, st = _rng.chi2_prepared((np.int64(c[0]), c[1], c[2]), st)
+    w.lam_b[r, 0] = math.sqrt(q2)
+    return st
+
+
+@njit(cache=True, inline="always")
+def _label1(hyp, V, ident, lam, w, r):
+    """The label y = Σᵢλᵢσ(tᵢ) + ε of slot r's example, written over its ε (N1)."""
+    k, t = V.shape
+    code, hp, sc = hyp.code, hyp.hp, hyp.scale
+    xa = w.xa[r]
+    y = w.eps[r]
+    for i in range(k):
+        if ident:
+            acc = xa[i]
+        else:
+            acc = 0.0
+            for q in range(t):
+                acc += V[i, q] * xa[q]
+        y += lam[i] * sigma(sc * acc, code, hp)
+    w.eps[r] = y
+
+
+@njit(cache=True, inline="always")
+def _field1(hyp, j, acc, w):
+    """Row j's field aⱼ = acc and σ(aⱼ), σ′(aⱼ) into the work arrays."""
+    sv, sd = sigma_and_deriv(hyp.scale * acc, hyp.code, hyp.hp)
+    w.a[j] = acc
+    w.sv[j] = sv
+    w.sd[j] = hyp.scale * sd
+
+
+@njit(cache=True, inline="always")
+def _fields1(hyp, P, Z, m, w, r):
+    """The student's fields on slot r's example (N1)."""
+    t = P.shape[1]
+    xa, xe = w.xa[r], w.xe[r]
+    for j in range(P.shape[0]):
+        acc = 0.0
+        for q in range(t):
+            acc += P[j, q] * xa[q]
+        for q in range(m):
+            acc += Z[j, q] * xe[q]
+        _field1(hyp, j, acc, w)
+
+
+@njit(cache=True, inline="always")
+def _grad1(hyp, m, lam_hat, mask, w, r):
+    """(N2), (N4) for one example (b = 1) from its label and fields: δ̄ⱼ, ∂L/∂λ̂ⱼ, αⱼ, βⱼ
+    into the work arrays. K = ‖x‖² is a scalar and ‖Gⱼ‖² = δ̄ⱼ²K. Returns whether the step
+    is finite (the :func:`_update` checks)."""
+    kp, t = w.a.shape[0], w.xa.shape[1]
+    xa, xe = w.xa[r], w.xe[r]
+    y = w.eps[r]
+    f_hat = 0.0
+    for j in range(kp):
+        f_hat += lam_hat[j] * w.sv[j]
+    outer = -y if hyp.correlation else -2.0 * (y - f_hat)
+    lam11 = w.lam_b[r, 0]
+    gram = 0.0  # the example's squared norm (all three parts)
+    for q in range(t):
+        gram += xa[q] * xa[q]
+    for q in range(m):
+        gram += xe[q] * xe[q]
+    gram += lam11 * lam11
+    ok = True
+    free = hyp.free
+    for j in range(kp):
+        dl = outer * lam_hat[j] * w.sd[j]
+        w.dl[0, j] = dl
+        w.gl[j] = outer * w.sv[j]
+        g2 = dl * (gram * dl)
+        eta = hyp.eta * mask[j]
+        if free:  # α = 1, β = η; the health value 1/√(1 + η²g²) is finite and > 0 iff
+            s2 = 1.0 + eta * eta * g2  # 0 < 1 + η²g² < ∞
+            w.alpha[j], w.beta[j] = 1.0, eta
+            if not (math.isfinite(g2) and s2 > 0.0 and math.isfinite(s2)):
+                ok = False
+        else:
+            ug = dl * w.a[j]
+            inv = 1.0 / math.sqrt(1.0 + eta * eta * (g2 - ug * ug))
+            al = inv * (1.0 + eta * ug)
+            w.alpha[j], w.beta[j] = al, eta * inv
+            if not (math.isfinite(g2) and math.isfinite(inv) and inv > 0.0
+                    and math.isfinite(al)):
+                ok = False
+        if hyp.train and not math.isfinite(lam_hat[j] - hyp.eta_c * w.gl[j]):
+            ok = False
+    return ok
+
+
+@njit(cache=True, inline="always")
+def _apply1(hyp, P, Z, m, lam_hat, w, r, r_next):
+    """(N4) for one example (b = 1): the rows from slot r's step; with ``r_next`` ≥ 0 the
+    same pass also takes the fields on slot r_next's example (the next step's, width m + 1),
+    so each row is read once per step."""
+    t = P.shape[1]
+    xa, xe = w.xa[r], w.xe[r]
+    lam11 = w.lam_b[r, 0]
+    nxt = r_next >= 0
+    xa2, xe2 = w.xa[max(r_next, 0)], w.xe[max(r_next, 0)]
+    for j in range(P.shape[0]):
+        al, be = w.alpha[j], w.beta[j]
+        pj, zj = P[j], Z[j]
+        acc = 0.0
+        if be == 0.0:  # a frozen row (sparse): untouched
+            zj[m] = 0.0
+            if nxt:
+                for q in range(t):
+                    acc += pj[q] * xa2[q]
+                for q in range(m):
+                    acc += zj[q] * xe2[q]
+        else:
+            c0 = be * w.dl[0, j]
+            znew = -be * (w.dl[0, j] * lam11)
+            zj[m] = znew
+            if nxt:
+                acc = znew * xe2[m]
+                if hyp.free:  # α = 1
+                    for q in range(t):
+                        v = pj[q] - c0 * xa[q]
+                        pj[q] = v
+                        acc += v * xa2[q]
+                    for q in range(m):
+                        v = zj[q] - c0 * xe[q]
+                        zj[q] = v
+                        acc += v * xe2[q]
+                else:
+                    for q in range(t):
+                        v = al * pj[q] - c0 * xa[q]
+                        pj[q] = v
+                        acc += v * xa2[q]
+                    for q in range(m):
+                        v = al * zj[q] - c0 * xe[q]
+                        zj[q] = v
+                        acc += v * xe2[q]
+            elif hyp.free:
+                for q in range(t):
+                    pj[q] -= c0 * xa[q]
+                for q in range(m):
+                    zj[q] -= c0 * xe[q]
+            else:
+                for q in range(t):
+                    pj[q] = al * pj[q] - c0 * xa[q]
+                for q in range(m):
+                    zj[q] = al * zj[q] - c0 * xe[q]
+        if hyp.train:
+            lam_hat[j] -= hyp.eta_c * w.gl[j]
+        if nxt:
+            _field1(hyp, j, acc, w)
+
+
+@njit(cache=True, inline="always")
+def _update1(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w):
+    """:func:`_update` for one example (b = 1), the same arithmetic without the batch loops
+    (slot 0 of the work arrays). Returns (new m, status)."""
+    _label1(hyp, V, ident, lam, w, 0)
+    _fields1(hyp, P, Z, m, w, 0)
+    if not _grad1(hyp, m, lam_hat, mask, w, 0):
+        return m, DIVERGED
+    _apply1(hyp, P, Z, m, lam_hat, w, 0, -1)
+    return m + 1, RUNNING
+
+
+@njit(cache=True, inline="always")
+def _update_any(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w):
+    """The step's update: :func:`_update1` for b = 1, else :func:`_update`."""
+    if hyp.batch == 1:
+        return _update1(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w)
+    return _update(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w)
+
+
 def step_given(hyp, V, lam, P, Z, m, lam_hat, mask, xa, xe, lam_b, eps):
     """One step (N1)–(N4) on given variates (tests): new (P, Z, m, λ̂, status), inputs
     untouched. Z needs m + b columns."""
     P, Z, lam_hat = (np.array(a, dtype=np.float64) for a in (P, Z, lam_hat))
     b, kp, t = len(eps), P.shape[0], P.shape[1]
     w = _work(b, kp, t, Z.shape[1])
-    w.xa[:], w.xe[:, :m], w.lam_b[:], w.eps[:] = xa, np.asarray(xe)[:, :m], lam_b, eps
-    m, status = _update(hyp, np.asarray(V, np.float64), False, np.asarray(lam, np.float64),
-                        P, Z,
-                        int(m), lam_hat, np.asarray(mask, np.float64), w)
+    w.xa[:b], w.xe[:b, :m], w.lam_b[:b], w.eps[:b] = xa, np.asarray(xe)[:, :m], lam_b, eps
+    m, status = _update_any(hyp, np.asarray(V, np.float64), False,
+                            np.asarray(lam, np.float64), P, Z, int(m), lam_hat,
+                            np.asarray(mask, np.float64), w)
     return P, Z, m, lam_hat, status
 
 
@@ -409,22 +643,45 @@ def _record(V, P, Z, m, lam_hat, rec, run, c):
 
 
 @njit(cache=True, inline="always")
-def _net_step(ctx, sc, _t):
+def _net_step(ctx, sc, t):
     """One step of a run for :func:`._drive.drive`: compress if due (N5), draw, update, and
-    the stop rule; sc = (stream, m)."""
+    the stop rule; sc = (stream, m, slot, ready). For b = 1 without a stop rule the update's
+    pass over the rows also takes the next step's fields when no compression falls between
+    (``ready``: slot's example drawn, labelled and its fields taken); the numbers are drawn
+    in the same order either way."""
     hyp, V, ident, lam, P, Z, lam_hat, mask, w, teacher_term, coef, cap, _rec, _run = ctx
-    st, m = sc
-    if m + hyp.batch > cap:
+    st, m, r, ready = sc
+    b = hyp.batch
+    # the fused pass pays where the rows outgrow the L1 cache (measured per step: K = 50
+    # −5 … −8%; K = 2 and k′ = 4 +5 … +10%, so small widths keep two passes)
+    if b == 1 and hyp.stop_kind == 0 and P.shape[0] * (P.shape[1] + Z.shape[1]) >= FUSE_MIN:
+        if not ready:
+            if m + 1 > cap:
+                m = _compress(P, Z, m, hyp.free, w.hv)
+            st = _draw1(hyp, P.shape[1], m, st, w, r)
+            _label1(hyp, V, ident, lam, w, r)
+            _fields1(hyp, P, Z, m, w, r)
+        if not _grad1(hyp, m, lam_hat, mask, w, r):
+            return (st, m, r, True), DIVERGED
+        if t + 1 < hyp.n_steps and m + 2 <= cap:  # the next step needs no compression
+            r2 = 1 - r
+            st = _draw1(hyp, P.shape[1], m + 1, st, w, r2)
+            _label1(hyp, V, ident, lam, w, r2)
+            _apply1(hyp, P, Z, m, lam_hat, w, r, r2)
+            return (st, m + 1, r2, True), RUNNING
+        _apply1(hyp, P, Z, m, lam_hat, w, r, -1)
+        return (st, m + 1, r, False), RUNNING
+    if m + b > cap:
         m = _compress(P, Z, m, hyp.free, w.hv)
     st = _draw(hyp, P.shape[1], m, st, w)
-    m, status = _update(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w)
+    m, status = _update_any(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w)
     if status == RUNNING and hyp.stop_kind > 0:
         if hyp.stop_kind == 3:
             if _loss(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef) <= hyp.stop_level:
                 status = HIT
         elif _alignment(V, P, Z, m, hyp.free, hyp.stop_kind == 2) >= hyp.stop_level:
             status = HIT
-    return (st, m), status
+    return (st, m, 0, False), status
 
 
 @njit(cache=True, inline="always")
@@ -449,8 +706,8 @@ def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w, teache
             w.chi[mm, n, 1] = dd
             w.chi[mm, n, 2] = cc
     ctx = (hyp, V, ident, lam, P, Z, lam_hat, mask, w, teacher_term, coef, cap, rec, run)
-    sc, div_step, hit_step = drive(_net_step, _net_record, ctx, (st, m), hyp.n_steps,
-                                   rec.cp_steps)
+    sc, div_step, hit_step = drive(_net_step, _net_record, ctx, (st, m, 0, False),
+                                   hyp.n_steps, rec.cp_steps)
     return sc[0], sc[1], div_step, hit_step
 
 
