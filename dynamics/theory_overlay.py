@@ -61,6 +61,7 @@ KERNEL_COST = {"closed": 1.0, "interpolated": 3.0, "mehler": 15.0}
 # the joint band per start node costs about (BAND_COST + k) corrected ODEs: the Jacobian's
 # 2(k + 1) differences every 4 RK4 steps and the step's moments on 2× the points
 BAND_COST = 5.0
+BAND_STEP_S = 0.01  # and ≈ 0.01 s of Python per RK4 step for each group of runs (k = 8)
 POLYNOMIAL_TERMS = 16  # a Mehler series of at most this many terms costs as a closed form
 
 
@@ -230,14 +231,21 @@ def _joint_band_plan(config, instances: list[Instance], steps):
     where it is not derived (:func:`hermite.finetune_band.joint_band_applies`)."""
     from hermite.finetune_band import BAND_NODES, joint_band_applies
 
+    from .losses import pair_kernel
+
     o = config.options
-    model = hermite.FinetuneModel(instances[0], config.eta, project=o.project,
-                                  joint_c=o.joint_c, eta_c=config.step_size_c, prox=o.prox)
+    if not o.joint_c:
+        return None, None
+    inst = instances[0]
+    model = hermite.FinetuneModel(inst, config.eta, project=o.project, joint_c=o.joint_c,
+                                  eta_c=config.step_size_c, prox=o.prox,
+                                  kernel=pair_kernel(inst.activation, inst.unit_rows))
     if joint_band_applies(model, config.batch) is not None:
         return None, None
     groups = len(list(group_runs(instances)))
     nodes = instances[: min(len(instances), BAND_NODES * groups)]
-    cost = corrected_seconds(config, nodes, steps) * (BAND_COST + instances[0].k)
+    cost = (corrected_seconds(config, nodes, steps) * (BAND_COST + instances[0].k)
+            + groups * _rk4_steps(config, steps) * BAND_STEP_S)
     if cost > CORRECTED_BUDGET_S:
         why = (f"joint linear-noise band not recorded: ≈ {cost:.0f} s > "
                f"{CORRECTED_BUDGET_S:g} s (hermite.finetune_band.joint_band gives it)")
@@ -251,14 +259,20 @@ def _joint_band_plan(config, instances: list[Instance], steps):
 def corrected_seconds(config, instances: list[Instance], steps) -> float:
     """Estimated seconds of the corrected ODE of every run (``CORRECTED_SECONDS`` per run,
     RK4 step and row; RK4 steps of η·Δt = ``hermite.finetune_population.FLOW_STEP``)."""
-    from hermite.finetune_population import FLOW_STEP
-
     o = config.options
-    rate = max(config.eta, config.step_size_c if o.joint_c else 0.0)
-    rk4 = math.ceil(float(np.max(steps)) * rate / FLOW_STEP)
+    rk4 = _rk4_steps(config, steps)
     k = instances[0].k
     per = CORRECTED_SECONDS["projected" if o.project else "unprojected"] * (1.0 + k / 32.0)
     return len(instances) * rk4 * k * per * KERNEL_COST[_kernel_kind(instances[0])]
+
+
+def _rk4_steps(config, steps) -> int:
+    """RK4 steps of the corrected ODE to ``max(steps)`` (η·Δt =
+    ``hermite.finetune_population.FLOW_STEP``)."""
+    from hermite.finetune_population import FLOW_STEP
+
+    rate = max(config.eta, config.step_size_c if config.options.joint_c else 0.0)
+    return math.ceil(float(np.max(steps)) * rate / FLOW_STEP)
 
 
 def _kernel_kind(inst: Instance) -> str:

@@ -163,3 +163,18 @@ def test_band_where_not_derived_is_a_one_line_error():
     with pytest.raises(ValueError, match="b = 1 only"):
         if why := joint_band_applies(model, batch=4):
             raise ValueError(why)
+
+
+def test_band_over_its_budget_is_skipped_with_a_note():
+    """Each group of runs (distinct instance) pays ≈ 0.01 s of Python per RK4 step: 64
+    per-run instances over 300 steps at η·d = 1 (38 RK4 steps each) are over 20 s."""
+    from dynamics.theory_overlay import _joint_band_plan
+
+    spec = dict(activation="relu", k=8, d=200, xi=1.0, seed=3)
+    cfg = RunConfig(instance=spec, eta=1.0 / 200, steps=300, runs=64, joint_c=True,
+                    instance_seeds="per_run").validate()
+    band, why = _joint_band_plan(cfg, cfg.run_instances(), np.array([0, 300]))
+    assert band is None and "joint linear-noise band not recorded" in why
+    one = RunConfig(**(cfg.to_dict() | {"instance_seeds": "shared"})).validate()
+    band, why = _joint_band_plan(one, one.run_instances(), np.array([0, 300]))
+    assert set(band) == {"band_lower", "band_upper", "band_c_lower", "band_c_upper"}
