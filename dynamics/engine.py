@@ -51,7 +51,7 @@ torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["simulate", "simulate_full", "FullRun", "choose_engine", "initial_directions",
            "chunk_schedule", "iter_chunk_schedule", "Interruption", "Interrupted",
-           "interruptible", "TEST_INTERRUPT_ENV"]
+           "interruptible", "raise_if_signalled", "TEST_INTERRUPT_ENV"]
 
 TEST_INTERRUPT_ENV = "LORADYN_TEST_INTERRUPT_AFTER_CHUNKS"  # test hook (module docstring)
 TEST_SIGNAL_ENV = "LORADYN_TEST_INTERRUPT_SIGNAL"  # INT (default) or TERM
@@ -81,6 +81,7 @@ class Interruption:
 
 _ACTIVE: Interruption | None = None  # the flag of the innermost interruptible(keep=True)
 _CHUNKS = [0]  # chunks run in this process, for the test hook
+_RAISED: list = [None]  # the signal the handler last raised Interrupted for (cleared on exit)
 
 
 @contextmanager
@@ -99,6 +100,8 @@ def interruptible(keep: bool = True) -> Iterator[Interruption]:
         if keep and flag.signum is None:
             flag.signum = signum
             return
+        flag.signum = flag.signum or signum
+        _RAISED[0] = signum  # raise_if_signalled re-raises it if a callback swallows it
         raise Interrupted(signum)
 
     sigs = (signal.SIGINT, signal.SIGTERM)
@@ -108,8 +111,17 @@ def interruptible(keep: bool = True) -> Iterator[Interruption]:
         yield flag
     finally:
         _ACTIVE = outer
+        _RAISED[0] = None
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def raise_if_signalled() -> None:
+    """Raise :class:`Interrupted` again if :func:`interruptible`'s handler raised it where
+    Python swallows exceptions (a weakref callback or ``__del__``: "Exception ignored in …"):
+    long loops call this at their safe points, so a signal is never lost."""
+    if _RAISED[0] is not None:
+        raise Interrupted(_RAISED[0])
 
 
 def _stop_requested() -> bool:

@@ -10,8 +10,11 @@ import torch
 from click.testing import CliRunner
 from helpers import TINY_SPEC_TOML
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # one worker per core: one torch thread each
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one worker per core: one torch thread each,
+    import numba  # and one numba thread (the runs' blocks, dynamics.run_threads)
+
     torch.set_num_threads(1)
+    numba.set_num_threads(1)
 
 # one table of tolerances per dtype (relative), used by the engine tests
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}

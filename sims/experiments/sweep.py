@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from dynamics.engine import raise_if_signalled
 from sims.experiments.sweep_batch import MAX_BATCH_RUNS, plan_batches, run_batch
 from sims.experiments.sweep_spec import SweepSpec
 from sims.io.sweep import (
@@ -113,6 +114,7 @@ def run_sweep(spec: SweepSpec, out, *, scheduler: str | None = None, batch: bool
                     for batch_, trajs in execute(batches, progress):
                         _write_batch(out, batch_, trajs, finished, bar)
                         rebuild_sweep_file(out, spec, cells, finished)
+                        raise_if_signalled()  # a signal a callback swallowed
             except KeyboardInterrupt as exc:  # module docstring
                 signum = getattr(exc, "signum", signal.SIGINT)
                 done = {h: p for h, p in finished_cells(out).items() if h in current}
