@@ -314,6 +314,47 @@ def _draw(hyp, t, m, st, w):
 
 
 @njit(cache=True, inline="always")
+def _label1(hyp, V, ident, lam, w, r):
+    """The label y = Σᵢλᵢσ(tᵢ) + ε of slot r's example, written over its ε (N1)."""
+    k, t = V.shape
+    code, hp, sc = hyp.code, hyp.hp, hyp.scale
+    xa = w.xa[r]
+    y = w.eps[r]
+    for i in range(k):
+        if ident:
+            acc = xa[i]
+        else:
+            acc = 0.0
+            for q in range(t):
+                acc += V[i, q] * xa[q]
+        y += lam[i] * sigma(sc * acc, code, hp)
+    w.eps[r] = y
+
+
+@njit(cache=True, inline="always")
+def _field1(hyp, j, acc, w):
+    """Row j's field aⱼ = acc and σ(aⱼ), σ′(aⱼ) into the work arrays."""
+    sv, sd = sigma_and_deriv(hyp.scale * acc, hyp.code, hyp.hp)
+    w.a[j] = acc
+    w.sv[j] = sv
+    w.sd[j] = hyp.scale * sd
+
+
+@njit(cache=True, inline="always")
+def _fields1(hyp, P, Z, m, w, r):
+    """The student's fields on slot r's example (N1)."""
+    t = P.shape[1]
+    xa, xe = w.xa[r], w.xe[r]
+    for j in range(P.shape[0]):
+        acc = 0.0
+        for q in range(t):
+            acc += P[j, q] * xa[q]
+        for q in range(m):
+            acc += Z[j, q] * xe[q]
+        _field1(hyp, j, acc, w)
+
+
+@njit(cache=True, inline="always")
 def _update(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w):
     """One step (N1)–(N4) on the variates in ``w``; the state changes only when the step is
     finite. ``ident``: V = [I, 0] (the teacher's fields are x_A's first k coordinates).
@@ -321,36 +362,20 @@ def _update(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w):
 
     ‖Gⱼ‖² = δ̄ⱼᵀ K δ̄ⱼ with K the b × b Gram of the examples (all three parts), so the
     gradients are never formed: each row is updated in one pass."""
-    k, t = V.shape
+    t = V.shape[1]
     kp = P.shape[0]
     b = hyp.batch
-    code, hp, sc = hyp.code, hyp.hp, hyp.scale
     for j in range(kp):
         w.ug[j] = 0.0
         w.gl[j] = 0.0
     for n in range(b):
         xa, xe = w.xa[n], w.xe[n]
+        _label1(hyp, V, ident, lam, w, n)
         y = w.eps[n]
-        for i in range(k):
-            if ident:
-                acc = xa[i]
-            else:
-                acc = 0.0
-                for q in range(t):
-                    acc += V[i, q] * xa[q]
-            y += lam[i] * sigma(sc * acc, code, hp)
+        _fields1(hyp, P, Z, m, w, n)
         f_hat = 0.0
         for j in range(kp):
-            acc = 0.0
-            for q in range(t):
-                acc += P[j, q] * xa[q]
-            for q in range(m):
-                acc += Z[j, q] * xe[q]
-            sv, sd = sigma_and_deriv(sc * acc, code, hp)
-            w.a[j] = acc
-            w.sv[j] = sv
-            w.sd[j] = sc * sd
-            f_hat += lam_hat[j] * sv
+            f_hat += lam_hat[j] * w.sv[j]
         outer = -y if hyp.correlation else -2.0 * (y - f_hat)
         for j in range(kp):
             dl = outer * lam_hat[j] * w.sd[j] / b
@@ -439,47 +464,6 @@ def _draw1(hyp, t, m, st, w, r):
     q2, st = _rng.chi2_prepared((np.int64(c[0]), c[1], c[2]), st)
     w.lam_b[r, 0] = math.sqrt(q2)
     return st
-
-
-@njit(cache=True, inline="always")
-def _label1(hyp, V, ident, lam, w, r):
-    """The label y = Σᵢλᵢσ(tᵢ) + ε of slot r's example, written over its ε (N1)."""
-    k, t = V.shape
-    code, hp, sc = hyp.code, hyp.hp, hyp.scale
-    xa = w.xa[r]
-    y = w.eps[r]
-    for i in range(k):
-        if ident:
-            acc = xa[i]
-        else:
-            acc = 0.0
-            for q in range(t):
-                acc += V[i, q] * xa[q]
-        y += lam[i] * sigma(sc * acc, code, hp)
-    w.eps[r] = y
-
-
-@njit(cache=True, inline="always")
-def _field1(hyp, j, acc, w):
-    """Row j's field aⱼ = acc and σ(aⱼ), σ′(aⱼ) into the work arrays."""
-    sv, sd = sigma_and_deriv(hyp.scale * acc, hyp.code, hyp.hp)
-    w.a[j] = acc
-    w.sv[j] = sv
-    w.sd[j] = hyp.scale * sd
-
-
-@njit(cache=True, inline="always")
-def _fields1(hyp, P, Z, m, w, r):
-    """The student's fields on slot r's example (N1)."""
-    t = P.shape[1]
-    xa, xe = w.xa[r], w.xe[r]
-    for j in range(P.shape[0]):
-        acc = 0.0
-        for q in range(t):
-            acc += P[j, q] * xa[q]
-        for q in range(m):
-            acc += Z[j, q] * xe[q]
-        _field1(hyp, j, acc, w)
 
 
 @njit(cache=True, inline="always")
