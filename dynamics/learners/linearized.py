@@ -24,7 +24,9 @@ teacher label, plus label noise if configured; prox from seed 003). Two paramete
   fine-tuning. No projection ⊥ wⱼ is applied: the data gradient x − zⱼwⱼ is already ⊥ wⱼ
   (the linearized normalisation is that projection), so from Δ₀ = 0 every Δⱼ stays ⊥ wⱼ
   anyway. ``project=True`` applies eq. 4's Π to the gradient's rows, as for finetune, so the
-  rows of Δ stay in span(W)^⊥ (Δ₀ = 0).
+  rows of Δ stay in span(W)^⊥ (Δ₀ = 0). Full rank has an exact reduced chain at any d
+  (``dynamics.reduced.linear_chain``: Δ's coordinates in span W ⊕ e and the Gram of the rest,
+  O(k²(k + b)) per step), which ``--engine auto`` takes where it applies; rank 1 has none.
 
 Observables: ``overlap`` = ⟨û, u⟩ (rank 1) or, full rank, |⟨v₁, u⟩| with v₁ the top right
 singular vector of Δ (NaN while Δ = 0); ``loss`` = the exact population loss of the *true*
@@ -57,7 +59,8 @@ from .problem import Problem, per_run, rowmat
 torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["Linearized", "LinearizedOptions", "LinearizedFullRank", "FullRankState",
-           "LinearPrepared", "LinearTerms", "reduce_rows", "true_loss", "linear_loss"]
+           "LinearPrepared", "LinearTerms", "reduce_rows", "top_overlap", "true_loss",
+           "linear_loss"]
 
 _EVAL_BLOCK = 2**23  # elements of the (checkpoints, examples, k) Monte Carlo block
 
@@ -134,7 +137,12 @@ class LinearizedOptions(LowRankOptions):
 def _check(config, instance) -> None:
     """ConfigError for the settings the linearized learner does not support."""
     if config.engine == "reduced":
-        raise _config_error("engine", "linearized has no reduced engine; use full or auto")
+        if not config.options.full_rank:
+            raise _config_error("engine", "rank-1 linearized has no reduced engine (only "
+                                          "full_rank has an exact chain); use full or auto")
+        ok, why = LinearizedFullRank.exact_chain().supported(config)
+        if not ok:
+            raise _config_error("engine", why)
     if config.options.full_rank:
         if config.options.joint_c:
             raise _config_error("joint_c", "full_rank linearized has no ĉ to train "
@@ -158,7 +166,14 @@ class Linearized(Finetune):
     conventions = ("unit",)
     named_in_titles = True
     # the linear model's exact theory (hermite.linearized): mean ODE and floor, recorded
-    chain = None  # f_lin's step is not the rank-1 chain's
+    chain = None  # f_lin's rank-1 step is not the rank-1 chain's: it has none
+
+    @classmethod
+    def exact_chain(cls):
+        """The registry hands out this class for both parameterisations (``from_config``
+        picks :class:`LinearizedFullRank` for ``full_rank``), so it answers with the
+        full-rank learner's chain, whose ``supported`` refuses rank-1 configs in one line."""
+        return LinearizedFullRank.exact_chain()
 
     @classmethod
     def memory(cls, config, d: int, k: int) -> Memory:
@@ -256,6 +271,8 @@ class LinearizedFullRank(Learner):
     """Learner ``linearized`` with ``full_rank``: plain SGD on Δ ∈ R^{k×d} (module docstring)."""
 
     name = "linearized"
+    # its exact reduced chain (P in span W ⊕ e, the Gram of the rest): any d at O(k²(k + b))
+    chain = ("dynamics.reduced.linear_chain", "LinearChain")
 
     def __init__(self, problem: Problem, *, eta: float, project: bool = True,
                  label_noise: float = 0.0, prox: float = 0.0, eval_size: int = 20_000,
@@ -383,15 +400,26 @@ class LinearizedFullRank(Learner):
         u = np.zeros((p.runs, red.shape[-1]))
         u[:, : self.k] = p.u_w.double().cpu().numpy()
         u[:, self.k] = p.u_perp.double().cpu().numpy()
-        _, sv, vt = np.linalg.svd(red, full_matrices=False)
-        ov = np.abs((vt[:, 0] * u).sum(-1))
-        ov[sv[:, 0] == 0] = np.nan
-        return {"overlap": ov, "delta": red}
+        return {"overlap": top_overlap(red, u), "delta": red}
 
     def trajectory(self, result: RunResult):
         rec = result.records
         return _trajectory(result, rec["overlap"], rec["delta"], None, self.seed,
                            self.eval_size, full_rank=True)
+
+
+def top_overlap(red: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """|⟨v₁, u⟩| with v₁ the top right singular vector of each Δ (…, k, D) written in a
+    reduced basis (:func:`reduce_rows`), u (…, D) in the same basis (broadcast against Δ's
+    leading axes); NaN where Δ = 0 (or is not finite). The full engine's ``observe`` and the
+    exact chain's records (``dynamics.reduced.linear_chain``) both use it. Each Δ is scaled
+    by its largest entry first (same singular vectors; a huge frozen Δ does not overflow)."""
+    scale = np.abs(red).max((-2, -1), keepdims=True)
+    ok = np.isfinite(scale) & (scale > 0)
+    _, _, vt = np.linalg.svd(np.where(ok, red / np.where(ok, scale, 1.0), 0.0),
+                             full_matrices=False)
+    ov = np.abs((vt[..., 0, :] * u).sum(-1))
+    return np.where(ok[..., 0, 0], ov, np.nan)
 
 
 def reduce_rows(delta: torch.Tensor, k: int) -> np.ndarray:

@@ -131,6 +131,18 @@ def _work(b, kp, t, ms):
                    np.empty(ms), np.empty((ms + 1, b, 3)))
 
 
+@njit(cache=True)
+def chi2_table(chi, rest_dim, b):
+    """chi[mm, n] = the prepared χ²_{rest_dim − mm − n} (N3): every degree a width mm and
+    example n of a batch can ask for."""
+    for mm in range(chi.shape[0]):
+        for n in range(b):
+            dof, dd, cc = _rng.chi2_prepare(max(rest_dim - mm - n, 0))
+            chi[mm, n, 0] = dof
+            chi[mm, n, 1] = dd
+            chi[mm, n, 2] = cc
+
+
 @njit(cache=True, inline="always")
 def _dot4(a, b, lo, hi):
     """Σ_{lo ≤ q < hi} a[q] b[q] in four interleaved partial sums (a fixed order, so the
@@ -683,12 +695,7 @@ def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w, teache
     (stream, m, div_step, hit_step)."""
     b = hyp.batch
     cap = min(Z.shape[1], hyp.rest_dim)  # m + b ≤ cap keeps ≥ b rest dimensions (N3)
-    for mm in range(w.chi.shape[0]):  # the χ² degrees a width mm can ask for (N3)
-        for n in range(b):
-            dof, dd, cc = _rng.chi2_prepare(max(hyp.rest_dim - mm - n, 0))
-            w.chi[mm, n, 0] = dof
-            w.chi[mm, n, 1] = dd
-            w.chi[mm, n, 2] = cc
+    chi2_table(w.chi, hyp.rest_dim, b)
     ctx = (hyp, V, ident, lam, P, Z, lam_hat, mask, w, teacher_term, coef, cap, rec, run)
     sc, div_step, hit_step = drive(_net_step, _net_record, ctx, (st, m, 0, False),
                                    hyp.n_steps, rec.cp_steps)

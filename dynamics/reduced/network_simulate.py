@@ -110,6 +110,20 @@ def _float64():
     return torch.float64
 
 
+def compiled_activation_missing(inst: dict, chain: str) -> str:
+    """"" when the instance's activation has a compiled σ, else the one-line reason."""
+    from hermite.activations import get_activation
+
+    try:
+        act = _act(get_activation(str(inst.get("activation"))))
+    except (KeyError, ValueError):
+        act = None
+    if act is None:
+        return (f"reduced engine: activation {inst.get('activation')!r} has no compiled "
+                f"version for the {chain} chain")
+    return ""
+
+
 def _act(activation) -> tuple[int, int, float] | None:
     """(code, p, scale) of the compiled σ (``network_kernel.kernel_activation``), or None."""
     from ..learners.network_kernel import kernel_activation
@@ -126,16 +140,10 @@ class NetworkChain(ExactChain):
     records_start = True
 
     def supported(self, config) -> tuple[bool, str]:
-        from hermite.activations import get_activation
-
         inst = config.instance
-        try:
-            act = _act(get_activation(str(inst.get("activation"))))
-        except (KeyError, ValueError):
-            act = None
-        if act is None:
-            return False, (f"reduced engine: activation {inst.get('activation')!r} has no "
-                           "compiled version for the network chain")
+        why = compiled_activation_missing(inst, "network")
+        if why:
+            return False, why
         from ..learners import get_learner
 
         k, d = int(inst["k"]), int(inst["d"])
