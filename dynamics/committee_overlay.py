@@ -28,6 +28,7 @@ theory.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import replace
 
@@ -42,11 +43,15 @@ from hermite.committee import (
     committee_ode,
     committee_ode_batch,
 )
+from hermite.committee.diffusion import DIFFUSION_STEP, committee_diffusion, diffusion_points
+
+from .sampling import run_seed
 
 __all__ = ["ODE_EVALS", "SECOND_ORDER_BUDGET_S", "SECOND_ORDER_MAX_FIELDS",
            "committee_applies", "committee_model", "committee_state", "drift_seconds",
            "rounding_repaired", "second_order_share", "first_order_note",
-           "plan_order", "integrate", "integrate_batch", "committee_records"]
+           "plan_order", "plan_diffusion", "diffusion_seconds", "integrate", "integrate_batch",
+           "committee_records", "DIFFUSION_PATHS"]
 
 ODE_EVALS = 400  # drift evaluations of one solve_ivp run (DOP853, rtol 1e-6), measured
 SECOND_ORDER_BUDGET_S = 20.0  # estimated seconds of η² terms allowed per trajectory
@@ -58,7 +63,8 @@ RTOL, ATOL = 1e-6, 1e-9
 #: K = M = 2, 64 starts at d = 1000, 2 cores): 19.0 s on one thread, 12.4 s on two, against
 #: 44 s one by one (0.43, 0.28); the estimate takes one thread's, with a margin
 BATCHED_FAMILIES = ("relu", "abs")
-NOISE_NOTE_ETA_D = 0.1  # from this η·d on a curve says it leaves out the noise's escape
+NOISE_NOTE_ETA_D = 0.1  # from this η·d on the step noise's escape is recorded (diffusion)
+DIFFUSION_PATHS = 128  # diffusion paths in all (at least one per distinct start)
 BATCH_SHARE = 0.5
 
 
@@ -203,6 +209,91 @@ def integrate_batch(model: CommitteeModel, states, steps, d: int, *,
     return out
 
 
+def plan_diffusion(activation, eta_d: float, d: int, batch: int, span: int, starts: int,
+                   K: int, M: int, checkpoints: int, paths: int | None = -1) -> int | None:
+    """Paths per start of the diffusion (``hermite.committee.diffusion``) recorded instead of
+    the deterministic ODE, or None: where η·d ≥ :data:`NOISE_NOTE_ETA_D` (the step noise
+    moves the plateau escape) over more than :data:`ODE_EVALS` steps, with
+    :data:`DIFFUSION_PATHS` paths in all (at least one per start) within
+    :data:`SECOND_ORDER_BUDGET_S` by :func:`diffusion_seconds`. ``paths`` ≥ 1 forces that
+    many, None forces the ODE."""
+    if paths is None or paths >= 1:
+        return paths
+    if eta_d < NOISE_NOTE_ETA_D or span <= ODE_EVALS:
+        return None
+    per = max(1, -(-DIFFUSION_PATHS // starts))
+    steps = math.ceil(span / d / DIFFUSION_STEP) + checkpoints
+    points = diffusion_points(eta_d, d, batch)
+    if diffusion_seconds(activation, K, M, starts * per, steps, points) > SECOND_ORDER_BUDGET_S:
+        return None
+    return per
+
+
+def diffusion_seconds(activation, K: int, M: int, paths: int, steps: int,
+                      points: int) -> float:
+    """Estimated seconds of a diffusion (2-core test machine, one numba thread): per Heun
+    step 3 ms of numpy bookkeeping plus, per path and example, ≈ 180 ns + 3.5 ns·(KP + P²)
+    (P = K + M: the normals, the sample sums twice, the closed-form first-order drift),
+    + 230 ns for a σ dearer than relu/abs, × 8.5 without a compiled σ (numpy); and per path
+    two first-order drifts by quadrature where σ has no closed forms (:func:`drift_seconds`).
+    Measured (128 paths × 512 examples): relu K = M = 2 249 ns, K = M = 4 517 ns, erf 484 ns,
+    relu without the compiled sums 2246 ns; tanh K = M = 3 21 ms per path and step."""
+    from hermite.committee.diffusion import activation_code
+
+    integ = CommitteeIntegrals(activation)
+    P = K + M
+    per = 180e-9 + 3.5e-9 * (K * P + P * P)
+    if integ.family not in ("relu", "abs"):
+        per += 230e-9
+    if activation_code(integ.activation) is None:
+        per *= 8.5
+    drift = 2.0 * drift_seconds(activation, K, M, False) if integ.family == "quadrature" \
+        else 0.0
+    return steps * (3e-3 + paths * (points * per + drift))
+
+
+def _diffusion_records(config, instances, steps, groups, start, paths, diagonal, rows,
+                       eta_d) -> tuple[dict, dict]:
+    """:func:`committee_records` from the diffusion, ``paths`` per distinct start (``groups``:
+    the runs of each start; ``start(r, second_order)``: run r's model and state)."""
+    runs, cps = len(instances), len(steps)
+    out_loss, out_align = np.full((runs, cps), np.nan), np.full((runs, cps), np.nan)
+    se, repaired, em_steps = 0.0, 0, 0
+    alphas = (np.asarray(steps) - steps[0]) / float(instances[0].d)
+    points = diffusion_points(eta_d, instances[0].d, config.batch)
+    batches: dict = {}  # the starts of one model (instance, trainable rows)
+    for idx in groups.values():
+        model, state = start(idx[0], True)
+        batches.setdefault((id(instances[idx[0]]), model.trainable), []).append(
+            (idx, model, state))
+    for bi, ready in enumerate(batches.values()):
+        tr = committee_diffusion(ready[0][1], [st for _, _, st in ready], alphas,
+                                 float(instances[ready[0][0][0]].d), paths=paths,
+                                 seed=run_seed(config.seed, bi, "theory"),
+                                 points=points, diagonal=diagonal)
+        for j, (idx, _, _) in enumerate(ready):
+            out_loss[idx], out_align[idx] = tr.loss[j], tr.alignment[j]
+        if paths > 1:  # standard error of the runs' mean of the theory
+            se = max(se, float(np.nanmax(np.sqrt((tr.loss_se ** 2).sum(0)) / len(ready))))
+        repaired, em_steps = repaired + tr.repaired, tr.steps
+    total = paths * len(groups)
+    note = (f"mean of {total} path(s) ({paths} per start) of the order parameters' diffusion "
+            f"(η·d = {eta_d:.3g}): the second-order ODE's drift plus SGD's step noise, "
+            "covariance η̄²Cov(ζ + η̄χ)/(N b) (hermite.committee.diffusion; Heun steps dα = "
+            f"{DIFFUSION_STEP:g}, {points} examples per step)")
+    if paths > 1:
+        note += f"; Monte Carlo standard error of the runs' mean ≤ {se:.2g}"
+    attrs = {"order": 2, "order_reason": "η² terms sampled with the noise (S = E δδᵀ)",
+             "integrator": "diffusion", "distinct_odes": len(groups),
+             "paths_per_start": int(paths), "em_steps": int(em_steps), "points": points,
+             "psd_repairs": int(repaired), "rows": rows, "note": note,
+             "description": "committee-machine order parameters as a diffusion "
+                            f"(hermite.committee.diffusion, {rows} rows) from the run's "
+                            "initial overlaps: SGD's mean, noise included"}
+    return ({"ode_loss": out_loss, "ode_alignment": out_align},
+            {"ode_loss": attrs, "ode_alignment": attrs})
+
+
 def _note(text: str) -> None:
     print(f"note: {text}", file=sys.stderr)
 
@@ -232,13 +323,15 @@ def rounding_repaired(state: CommitteeState, T: np.ndarray, rows: str,
 def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None, *,
                       loss: str, diagonal: bool, train_second_layer: bool,
                       quiet: bool = False, second_order: bool | None = None,
-                      rows: str = "unit") -> tuple[dict, dict]:
+                      rows: str = "unit", noise: int | None = -1) -> tuple[dict, dict]:
     """({"ode_loss": (R, C), "ode_alignment": (R, C)}, their HDF5 attributes) from each run's
     initial cross (R, k, k′), Gram (R, k′, k′), λ̂ (R, k′) and trainable rows ``masks``
     (R, k′) (None: all); ({}, {}) where :func:`committee_applies` is false.
 
     ``second_order``: force the order (None: :func:`plan_order`). An ODE that fails (a state
-    the ODE rejects, divergence) gives NaN for its runs and a note.
+    the ODE rejects, divergence) gives NaN for its runs and a note. ``noise``: paths per start
+    of the diffusion with SGD's step noise (:func:`plan_diffusion`; −1: planned, None: the
+    deterministic ODE).
     """
     if not committee_applies(config, instances):
         return {}, {}
@@ -269,6 +362,18 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
             state = rounding_repaired(state, model.T, rows)
         return model, state
 
+    eta_d = config.eta * instances[0].d
+    if second_order is not None and noise == -1:
+        noise = None  # an order asked for: the deterministic ODE
+    noise = plan_diffusion(instances[0].activation, eta_d, instances[0].d, config.batch, span,
+                           len(groups), K, M, cps, noise)
+    if noise is not None:
+        try:
+            return _diffusion_records(config, instances, steps, groups, start, noise,
+                                      diagonal, rows, eta_d)
+        except (ValueError, RuntimeError) as exc:
+            if not quiet:
+                _note(f"committee diffusion failed ({exc}); the ODE instead")
     note = None
     if order == 1:  # say what the first-order curve leaves out (module docstring)
         try:
@@ -310,7 +415,6 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
     if failed and not quiet:
         _note(f"committee ODE failed for {len(failed)} initial state(s), NaN there: "
               f"{failed[0]}")
-    eta_d = config.eta * instances[0].d
     if note is None and eta_d >= NOISE_NOTE_ETA_D:
         note = (f"deterministic committee ODE from each run's start (η·d = {eta_d:.3g}): it "
                 "leaves out SGD's step noise, which makes the plateau escape earlier than "

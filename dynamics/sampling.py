@@ -49,7 +49,7 @@ __all__ = [
     "NoiseSource",
 ]
 
-STREAMS = {"init": 0, "data": 1, "eval": 2, "refit": 3, "data_shared": 4}
+STREAMS = {"init": 0, "data": 1, "eval": 2, "refit": 3, "data_shared": 4, "theory": 5}
 DTYPES = ("float64", "float32")
 
 

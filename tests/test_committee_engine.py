@@ -39,8 +39,14 @@ def test_ode_starts_at_the_runs_own_loss_and_alignment(learner, kw):
 
 
 def test_relu_with_many_fields_is_first_order_and_the_switch_turns_it_off(capsys):
+    """ReLU, K + M = 8: the ODE's η² terms would need a 4-D quadrature, so at small η·d the
+    ODE is first order (and says so); at η·d = 0.3 the diffusion samples them (order 2)."""
     spec = dict(SPEC, activation="relu", k=4)
-    _, traj = _run("scratch", spec=spec, steps=1000)
+    _, noisy = _run("scratch", spec=spec, steps=1000)
+    assert noisy.extra_attrs["ode_loss"]["integrator"] == "diffusion"
+    assert noisy.extra_attrs["ode_loss"]["order"] == 2
+    capsys.readouterr()
+    _, traj = _run("scratch", spec=spec, steps=1000, eta=0.05 / spec["d"])
     assert traj.extra_attrs["ode_loss"]["order"] == 1
     assert "K + M = 8" in traj.extra_attrs["ode_loss"]["order_reason"]
     err = capsys.readouterr().err
@@ -91,7 +97,7 @@ def test_plot_draws_the_ode_dashed(tmp_path):
         ax = fig.axes[0]
         (dashed,) = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
         np.testing.assert_allclose(dashed.get_ydata(), np.median(traj.extra[name], axis=0))
-        assert "committee-machine ODE (median)" in [t.get_text()
+        assert "committee-machine ODE / diffusion (median)" in [t.get_text()
                                                     for t in ax.get_legend().get_texts()]
         plt.close(fig)
 

@@ -278,7 +278,10 @@ def test_config_errors_name_the_option(tmp_path):
 
 def test_sgd_from_one_given_start_tracks_its_ode_as_d_grows(tmp_path):
     """All runs from the same rows (benchmarks/given_start.py, smaller): the SGD mean is
-    within 4 SE of the one ODE curve, and the per-run gap shrinks from d = 100 to 400."""
+    within 4 SE of the one theory curve, and the per-run gap shrinks from d = 100 to 400.
+    At η·d = 0.5 the curve is the diffusion's mean over 256 paths (its own Monte Carlo
+    error ≈ the runs' spread/√256, counted in the SE); measured max |z| 3.9 and 2.3 (the
+    deterministic ODE: 3.3 and 2.3)."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "given_start.py"
     spec = importlib.util.spec_from_file_location("given_start", path)
     given_start = importlib.util.module_from_spec(spec)
@@ -286,7 +289,7 @@ def test_sgd_from_one_given_start_tracks_its_ode_as_d_grows(tmp_path):
     rms = []
     for d in (100, 400):
         alpha, ode, sgd, _ = given_start.run(d, 24, 5.0, 2, tmp_path)
-        se = sgd.std(0, ddof=1) / math.sqrt(len(sgd))
+        se = sgd.std(0, ddof=1) * math.sqrt(1.0 / len(sgd) + 1.0 / 256)
         late = alpha >= 0.2
         z = np.abs(sgd.mean(0) - ode)[late] / se[late]
         assert z.max() < 4, (d, z.max())

@@ -49,7 +49,9 @@ from .integrals import CommitteeIntegrals, stein_i3
 __all__ = ["CommitteeState", "CommitteeModel", "CommitteeTrajectory", "DriftTerms",
            "committee_drift", "committee_terms", "committee_terms_batch", "committee_step",
            "committee_ode", "committee_ode_batch",
-           "committee_loss", "committee_alignment", "ROWS", "LOSSES", "INTEGRATORS"]
+           "committee_loss", "committee_alignment", "committee_loss_batch",
+           "committee_alignment_batch", "drift_from_terms", "joint_cov_batch",
+           "ROWS", "LOSSES", "INTEGRATORS"]
 
 ROWS = ("free", "unit")
 LOSSES = ("squared", "correlation")
@@ -245,8 +247,12 @@ def _plan(K, M) -> _Plan:
     return _PLANS[(K, M)]
 
 
-def _sub(C, idx):
-    return C[idx[:, :, None], idx[:, None, :]]
+def joint_cov_batch(model: CommitteeModel, Q, R) -> np.ndarray:
+    """The fields' covariance [[Q, R], [Rᵀ, T]] of B states (B, K+M, K+M)."""
+    B, M = Q.shape[0], model.M
+    T = np.broadcast_to(model.T, (B, M, M))
+    return np.concatenate([np.concatenate([Q, R], axis=2),
+                           np.concatenate([np.swapaxes(R, 1, 2), T], axis=2)], axis=1)
 
 
 def committee_terms(model: CommitteeModel, state: CommitteeState, *,
@@ -273,9 +279,7 @@ def _terms_batch(model: CommitteeModel, Q, R, v):
     M = model.M
     pl = _plan(K, M)
     ig = model.integrals
-    T = np.broadcast_to(model.T, (B, M, M))
-    C = np.concatenate([np.concatenate([Q, R], axis=2),
-                        np.concatenate([np.swapaxes(R, 1, 2), T], axis=2)], axis=1)
+    C = joint_cov_batch(model, Q, R)
     s, gam = float(model.loss_scale), model.gamma
     A = np.broadcast_to(model.A, (B, M))
     coef = np.concatenate([-v, A], axis=1) if model.loss == "squared" else \
@@ -305,12 +309,17 @@ def _terms_batch(model: CommitteeModel, Q, R, v):
 
     # second layer
     Gv = np.zeros((B, K))
-    dv = np.zeros((B, K))
     if model.lr_v is not None:
         I2 = ig.i2(C2).reshape(B, K, pl.P)
         Gv = -2.0 * s * np.einsum("nkc,nc->nk", I2, coef)
-        dv = -float(model.lr_v) * Gv
+    return D, S, Gv, drift_from_terms(model, D, S, Gv, Q, R)
 
+
+def drift_from_terms(model: CommitteeModel, D, S, Gv, Q, R):
+    """(dQ, dR, dv)/dα (batched, module docstring) from D (B, K, K+M), S (B, K, K) and
+    Gv (B, K): the ODE's drift, or the diffusion's (:mod:`.diffusion`) with a sampled S."""
+    K = Q.shape[1]
+    dv = np.zeros_like(Gv) if model.lr_v is None else -float(model.lr_v) * Gv
     lr, b = float(model.lr), float(model.batch)
     Dq = D[:, :, :K]
     if model.rows == "free":
@@ -324,7 +333,7 @@ def _terms_batch(model: CommitteeModel, Q, R, v):
         dQ = -lr * (first + np.swapaxes(first, 1, 2)) + lr * lr / b * (
             S - 0.5 * (skk[:, :, None] + skk[:, None, :]) * Q)
         dQ[:, np.arange(K), np.arange(K)] = 0.0
-    return D, S, Gv, (dQ, dR, dv)
+    return dQ, dR, dv
 
 
 def committee_drift(model: CommitteeModel, state: CommitteeState) -> CommitteeState:
@@ -346,25 +355,38 @@ def committee_loss(model: CommitteeModel, state: CommitteeState, *,
     R = T fixed point is PSD only up to the integrator's error)."""
     if check:
         state = model.check_state(state)
-    K = state.Q.shape[0]
-    pl = _plan(K, model.M)
-    C = _full_cov(state.Q, state.R, model.T)
-    I2 = model.integrals.i2(_sub(C, pl.all_pairs))
-    coef = np.concatenate([-state.v, model.A])
+    return float(committee_loss_batch(model, state.Q[None], state.R[None], state.v[None])[0])
+
+
+def committee_loss_batch(model: CommitteeModel, Q, R, v) -> np.ndarray:
+    """:func:`committee_loss` of B states (no check): Q (B, K, K), R (B, K, M), v (B, K)."""
+    Q, R, v = (np.asarray(a, dtype=np.float64) for a in (Q, R, v))
+    B, K = Q.shape[:2]
+    M = model.M
+    pl = _plan(K, M)
+    C = joint_cov_batch(model, Q, R)
+    I2 = model.integrals.i2(C[:, pl.all_pairs[:, :, None], pl.all_pairs[:, None, :]])
+    coef = np.concatenate([-v, np.broadcast_to(model.A, (B, M))], axis=1)
     a, b = pl.all_pairs[:, 0], pl.all_pairs[:, 1]
     mult = np.where(a == b, 1.0, 2.0)
-    return float(model.loss_scale * np.sum(mult * coef[a] * coef[b] * I2))
+    return model.loss_scale * np.sum(mult * coef[:, a] * coef[:, b] * I2, axis=1)
 
 
 def committee_alignment(state: CommitteeState, T, diagonal: bool = False) -> float:
     """Mean over teacher neurons m of max_k |R_km|/√(Q_kk T_mm) (``scratch``'s overlap), or
     with ``diagonal`` of R_mm/√(Q_mm T_mm) (``sparse``'s, K = M)."""
-    Q, R = np.asarray(state.Q), np.asarray(state.R)
+    return float(committee_alignment_batch(np.asarray(state.Q)[None],
+                                           np.asarray(state.R)[None], T, diagonal)[0])
+
+
+def committee_alignment_batch(Q, R, T, diagonal: bool = False) -> np.ndarray:
+    """:func:`committee_alignment` of B states: Q (B, K, K), R (B, K, M)."""
     T = np.array(T, dtype=np.float64, ndmin=2)
-    cos = R / np.sqrt(np.outer(np.diag(Q), np.diag(T)))
+    qd = np.diagonal(np.asarray(Q, dtype=np.float64), axis1=1, axis2=2)
+    cos = np.asarray(R, dtype=np.float64) / np.sqrt(qd[:, :, None] * np.diag(T)[None, None])
     if diagonal:
-        return float(np.diagonal(cos).mean())
-    return float(np.abs(cos).max(axis=0).mean())
+        return np.diagonal(cos, axis1=1, axis2=2).mean(-1)
+    return np.abs(cos).max(axis=1).mean(-1)
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ REFERENCE_LABELS = {
     "true_loss": "true loss of the learned weights",
     "refit_population": "population-optimal refit a = A⁺b",
     "base_loss": "base network f₀",
-    "committee_ode": "committee-machine ODE",
+    "committee_ode": "committee-machine ODE / diffusion",  # which: the curve's note
     "linear_ode": "linear model's mean ODE (L at E Δ)",
     "linear_floor": "linear model's floor min L",
     "linear_ode_true": "true loss at the linear model's mean Δ",
