@@ -126,6 +126,35 @@ def test_cli_json_matches_the_recorded_ode_of_run_0(spec_file):
     assert "alignment" in res.output and len(res.output.splitlines()) >= 5
 
 
+def test_cli_noise_paths_integrates_the_diffusion(spec_file):
+    """--noise-paths: the diffusion's mean over the paths from run 0's start (its loss at
+    step 0 is the start's), with a standard error that grows from 0, and the same numbers
+    as hermite.committee.diffusion called with the same seed."""
+    from dynamics.committee_overlay import committee_model, committee_state
+    from hermite.committee.diffusion import committee_diffusion
+    from sims.commands.hermite import _committee_start
+
+    args = ["hermite", "committee", spec_file, "--eta", str(0.3 / 60), "--steps", "1200",
+            "--seed", "5", "--checkpoints", "6", "--json"]
+    ode = json.loads(CliRunner().invoke(cli, args).output)
+    res = CliRunner().invoke(cli, [*args, "--noise-paths", "16"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["integrator"] == "diffusion" and out["paths"] == 16
+    assert out["loss"][0] == pytest.approx(ode["loss"][0], abs=1e-12)
+    assert out["loss_se"][0] < 1e-12 and all(se > 1e-6 for se in out["loss_se"][1:])
+    config = RunConfig(instance=SPEC, learner="scratch", eta=0.3 / 60, steps=1200, runs=1,
+                       seed=5).validate()
+    cross, gram, lam_hat, _ = _committee_start(config, None)
+    start = committee_state(cross, gram, lam_hat)
+    model = committee_model(config.run_instances()[0], loss="squared", eta=0.3 / 60)
+    ck = np.asarray(out["steps"])
+    tr = committee_diffusion(model, [start], ck / 60, 60.0, paths=16, seed=5)
+    np.testing.assert_allclose(out["loss"], tr.loss[0], rtol=1e-12)
+    human = CliRunner().invoke(cli, args[:-1] + ["--noise-paths", "16"]).output
+    assert human.startswith("committee diffusion, mean of 16 paths")
+
+
 @pytest.mark.parametrize("args, code, message", [
     (["--eta", "-1", "--steps", "10"], 2, "--eta"),
     (["--eta", "0.01", "--steps", "10", "--init-overlap", "2"], 1, "--init-overlap 2"),

@@ -382,6 +382,10 @@ def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, t
 @click.option("--checkpoints", type=click.IntRange(min=2), default=20,
               help="Number of log-spaced checkpoints.")
 @click.option("--first-order", is_flag=True, help="Drop the η² terms.")
+@click.option("--noise-paths", type=click.IntRange(min=1), default=None,
+              help="Integrate the order parameters as a diffusion with SGD's step noise "
+                   "(hermite.committee.diffusion) over this many paths: their mean loss and "
+                   "alignment, and the loss's standard error.")
 @click.option("--integrals", type=click.Choice(("auto", "closed", "quadrature")),
               default="auto", help="Gaussian integrals: closed forms where they exist "
                                    "(auto), closed forms only (an error without them), or "
@@ -389,9 +393,10 @@ def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, t
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, rows,
                   init_scale, init_rows, init_frame, label_noise, batch, seed, init_overlap,
-                  checkpoints, first_order, integrals, as_json):
+                  checkpoints, first_order, noise_paths, integrals, as_json):
     """Committee-machine ODE (hermite.committee) of a network learner alone: loss and
-    alignment at log-spaced steps (and α = steps/d) from run 0's initial overlaps."""
+    alignment at log-spaced steps (and α = steps/d) from run 0's initial overlaps; with
+    --noise-paths the diffusion with SGD's step noise instead (its mean over the paths)."""
     from dynamics.committee_overlay import committee_model, committee_state, integrate
     from dynamics.config import RunConfig
     from dynamics.errors import ForeignOptionError
@@ -445,16 +450,28 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
         except ValueError as exc:
             raise ValueError(f"--init-overlap {init_overlap:g}: {exc}") from None
     ck = _checkpoints(steps, checkpoints)
-    loss, align, integrator = integrate(model, state, ck, inst.d,
-                                        diagonal=cls.diagonal_alignment)
+    extra = {}
+    if noise_paths is None:
+        loss, align, integrator = integrate(model, state, ck, inst.d,
+                                            diagonal=cls.diagonal_alignment)
+    else:
+        from hermite.committee.diffusion import committee_diffusion
+
+        tr = committee_diffusion(model, [state], (ck - ck[0]) / inst.d, float(inst.d),
+                                 paths=noise_paths, seed=seed,
+                                 diagonal=cls.diagonal_alignment)
+        loss, align, integrator = tr.loss[0], tr.alignment[0], "diffusion"
+        extra = {"paths": noise_paths, "loss_se": _clean(tr.loss_se[0])}
     payload = {"learner": learner, "rows": rows, "eta": eta, "lr": eta * inst.d, "d": inst.d,
                "order": 1 if first_order else 2, "integrator": integrator,
                "init": _start_label(init_overlap, init_rows, seed),
                "steps": ck.tolist(), "alpha": (ck / inst.d).tolist(), "loss": _clean(loss),
-               "alignment": _clean(align)}
+               "alignment": _clean(align)} | extra
 
     def human(p):
-        click.echo(f"committee ODE ({p['learner']}, {p['rows']} rows, lr = eta·d = "
+        what = (f"committee diffusion, mean of {p['paths']} paths" if "paths" in p
+                else "committee ODE")
+        click.echo(f"{what} ({p['learner']}, {p['rows']} rows, lr = eta·d = "
                    f"{p['lr']:.4g}, order {p['order']}, {p['integrator']}, {p['init']})")
         click.echo(f"{'step':>10}  {'alpha':>10}  {'loss':>14}  {'alignment':>10}")
         for t, a, lo, al in zip(p["steps"], p["alpha"], p["loss"], p["alignment"],
