@@ -49,6 +49,7 @@ from .finetune_population import (
     SecondMoment,
     _corrected_flow,
     _rhs,
+    rk4_step,
 )
 from .lna import _mixture_quantile
 
@@ -213,11 +214,8 @@ def joint_band(instance, eta, d, steps, mu0, c_hat0, *, eta_c=None, label_noise=
             dt = min(h_max, target - t)
             flat = y.ravel()
             before(t, flat, dt)
-            k1 = fun(t, flat)
+            new, k1 = rk4_step(fun, t, flat, dt)
             mid = (flat + 0.5 * dt * k1).reshape(nodes_n, dim)
-            k2 = fun(t, flat + 0.5 * dt * k1)
-            k3 = fun(t, flat + 0.5 * dt * k2)
-            k4 = fun(t, flat + dt * k3)
             if n_step % JACOBIAN_EVERY == 0:
                 jac = _jacobian(full, mid)
             n_step += 1
@@ -226,7 +224,7 @@ def joint_band(instance, eta, d, steps, mu0, c_hat0, *, eta_c=None, label_noise=
             ah = _expm(0.5 * dt * jac)
             a = ah @ ah
             cov = a @ cov @ a.transpose(0, 2, 1) + dt * (ah @ v @ ah.transpose(0, 2, 1))
-            y = (flat + dt * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0).reshape(nodes_n, dim)
+            y = new.reshape(nodes_n, dim)
             t = t + dt if target - t > h_max else float(target)
         means[:, j], covs[:, j] = y, cov
     lower, upper, c_lower, c_upper = _readout_bands(model, means, covs, quantiles)

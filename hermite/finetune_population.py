@@ -77,7 +77,7 @@ from .kernels import dual_kernel, dual_kernel_derivative
 
 __all__ = ["PairKernel", "FinetuneModel", "FinetuneODE", "finetune_ode",
            "finetune_steps_to_reach", "finetune_ode_kind", "HOMOGENEOUS_DEGREE", "MEHLER_TERMS",
-           "MEHLER_NODES"]
+           "MEHLER_NODES", "rk4_step"]
 
 HOMOGENEOUS_DEGREE = {"relu": 1, "abs": 1, "linear": 1, "quadratic": 2}
 MEHLER_TERMS = 160  # Hermite degrees kept for a smooth σ without a closed form (non-unit rows)
@@ -682,6 +682,15 @@ def _corrected_flow(model, ch0, second):
     return fun, before
 
 
+def rk4_step(fun, t, y, dt):
+    """One classical RK4 step of dy/dt = fun(t, y): (y after dt, the slope k1 at y)."""
+    k1 = fun(t, y)
+    k2 = fun(t, y + 0.5 * dt * k1)
+    k3 = fun(t, y + 0.5 * dt * k2)
+    k4 = fun(t, y + dt * k3)
+    return y + dt * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0, k1
+
+
 def _rk4(fun, y0, ck, h, before=None):
     """Classical RK4 with steps ≤ h (in SGD steps) landing on every checkpoint (the corrected
     drift: its QMC average jumps where a kinked σ′ does, which defeats step control);
@@ -693,11 +702,7 @@ def _rk4(fun, y0, ck, h, before=None):
             dt = min(h, target - t)
             if before is not None:
                 before(t, y, dt)
-            k1 = fun(t, y)
-            k2 = fun(t, y + 0.5 * dt * k1)
-            k3 = fun(t, y + 0.5 * dt * k2)
-            k4 = fun(t, y + dt * k3)
-            y = y + dt * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0
+            y = rk4_step(fun, t, y, dt)[0]
             t = t + dt if target - t > h else float(target)
         out[:, j] = y
     return out
@@ -764,11 +769,7 @@ def _rk4_crossing(model, ch, second, y0, overlap, level, max_steps) -> float:
     y, t, prev, stall = y0.copy(), 0.0, overlap(y0), 0
     while t < max_steps:
         before(t, y, h)
-        k1 = fun(t, y)
-        k2 = fun(t, y + 0.5 * h * k1)
-        k3 = fun(t, y + 0.5 * h * k2)
-        k4 = fun(t, y + h * k3)
-        new = y + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0
+        new = rk4_step(fun, t, y, h)[0]
         cur = overlap(new)
         if cur >= level:
             return t + h * (level - prev) / (cur - prev)
