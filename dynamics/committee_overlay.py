@@ -43,7 +43,12 @@ from hermite.committee import (
     committee_ode,
     committee_ode_batch,
 )
-from hermite.committee.diffusion import DIFFUSION_STEP, committee_diffusion, diffusion_points
+from hermite.committee.diffusion import (
+    DIFFUSION_STEP,
+    committee_diffusion,
+    diffusion_points,
+    psd_repaired,
+)
 
 from .sampling import run_seed
 
@@ -303,21 +308,13 @@ def rounding_repaired(state: CommitteeState, T: np.ndarray, rows: str,
     """``state`` with Q moved (R, T kept) to the nearest Q whose joint Gram
     [[Q, R], [Rᵀ, T]] is PSD, when rounding made it indefinite by at most ``tol``·‖Q‖ (a
     float32 run started in a degenerate configuration, e.g. student rows in the span of
-    the teacher's): the Schur complement S = Q − R T⁺ Rᵀ has its negative eigenvalues set
-    to 0; unit rows are then renormalised (Q ← DQD, R ← DR, D = diag(Q)^{-1/2}, which
-    keeps PSD). A larger violation is left for the ODE's own check to name."""
-    Q, R = state.Q, state.R
-    base = R @ np.linalg.pinv(T, hermitian=True) @ R.T
-    w, vecs = np.linalg.eigh(0.5 * ((Q - base) + (Q - base).T))
-    if w[0] >= 0 or w[0] < -tol * max(1.0, np.abs(Q).max()):
+    the teacher's): ``hermite.committee.diffusion.psd_repaired`` (the Schur complement's
+    negative eigenvalues set to 0, unit rows renormalised). A larger violation is left for
+    the ODE's own check to name."""
+    Q, R, moved = psd_repaired(state.Q[None], state.R[None], T, rows == "unit", tol=tol)
+    if not moved[0]:
         return state
-    Q = base + (vecs * np.clip(w, 0.0, None)) @ vecs.T
-    Q = 0.5 * (Q + Q.T)
-    if rows == "unit":
-        dinv = 1.0 / np.sqrt(np.diag(Q))
-        Q, R = Q * np.outer(dinv, dinv), R * dinv[:, None]
-        np.fill_diagonal(Q, 1.0)
-    return CommitteeState.from_arrays(Q, R, state.v)
+    return CommitteeState.from_arrays(Q[0], R[0], state.v)
 
 
 def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None, *,

@@ -168,18 +168,21 @@ def diffusion_points(lr: float, N: float, batch: int, dalpha: float = DIFFUSION_
     return int(2 ** min(12, max(6, math.ceil(math.log2(max(need, 1.0))))))
 
 
-def psd_repaired(Q, R, T, unit: bool):
-    """(Q, R, moved (B,)): each state whose joint Gram [[Q, R], [Rᵀ, T]] is indefinite gets
+def psd_repaired(Q, R, T, unit: bool, tol: float = math.inf):
+    """(Q, R, moved (B,)): each state whose joint Gram [[Q, R], [Rᵀ, T]] is indefinite (by at
+    most ``tol``·max(1, ‖Q‖_max): a larger violation is left as it is) gets
     Q = R T⁻¹ Rᵀ + (the Schur complement's PSD part), then unit rows Q ← DQD, R ← DR with
     D = diag(Q)^{−1/2} (which keeps it PSD); the others are returned as they are."""
     Q, R = Q.copy(), R.copy()
     tinv = np.linalg.pinv(np.asarray(T, dtype=np.float64), hermitian=True)
     base = R @ tinv @ np.swapaxes(R, 1, 2)
     w, vecs = np.linalg.eigh(0.5 * ((Q - base) + np.swapaxes(Q - base, 1, 2)))
-    moved = w[:, 0] < 0.0
+    bound = tol * np.maximum(1.0, np.abs(Q).max((1, 2))) if math.isfinite(tol) else math.inf
+    moved = (w[:, 0] < 0.0) & (w[:, 0] >= -bound)
     if moved.any():
         wv, vv = np.clip(w[moved], 0.0, None), vecs[moved]
         q = base[moved] + np.einsum("bij,bj,bkj->bik", vv, wv, vv)
+        q = 0.5 * (q + np.swapaxes(q, 1, 2))
         r = R[moved]
         if unit:
             dinv = 1.0 / np.sqrt(np.diagonal(q, axis1=1, axis2=2))

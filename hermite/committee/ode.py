@@ -199,7 +199,7 @@ class CommitteeModel:
         if self.trainable is not None and np.shape(self.trainable) != (K,):
             raise ValueError(f"trainable must hold K = {K} booleans, got shape "
                              f"{np.shape(self.trainable)}")
-        _check_psd("[[Q, R], [Rᵀ, T]]", _full_cov(Q, R, self.T))
+        _check_psd("[[Q, R], [Rᵀ, T]]", joint_cov_batch(self, Q[None], R[None])[0])
         return CommitteeState(0.5 * (Q + Q.T), R, v)
 
 
@@ -208,10 +208,6 @@ def _check_psd(name, C):
     if w[0] < -1e-9 * max(1.0, abs(w[-1])):
         raise ValueError(f"{name} must be positive semidefinite (smallest eigenvalue "
                          f"{w[0]:.3g}): not the Gram matrix of any rows")
-
-
-def _full_cov(Q, R, T):
-    return np.block([[Q, R], [R.T, T]])
 
 
 @dataclass(frozen=True)
