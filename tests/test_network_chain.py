@@ -256,6 +256,46 @@ def test_loss_first_passages_are_the_dense_trajectory_s_crossings(variant, activ
     assert (hits[:2] > 0).any() and np.isnan(hits[2]).all()
 
 
+@pytest.mark.parametrize("activation", ["he3", "tanh"])
+def test_long_loss_first_passages_with_carried_overlaps_are_the_dense_crossings(activation):
+    """Over several RESYNC periods (b = 1: the overlaps carried along the steps, the loss
+    evaluated only where its bound or the carried loss comes near the level; He₃ by the power
+    series with the |K′| bound, tanh by the interpolant without it), the hits are the
+    crossings of the learner's own exact loss recorded after every step."""
+    from dynamics.reduced.network_simulate import NetworkChain
+
+    d, steps = 60, 4 * nc.RESYNC + 37
+    config = RunConfig(learner="scratch", instance={"activation": activation, "k": 4, "d": d,
+                                                    "xi": 1.0, "W": "claim2", "seed": 0,
+                                                    "c_hat": "teacher"},
+                       runs=12, steps=steps, checkpoints=steps + 1, spacing="linear",
+                       eta=2.0 / d, seed=5, finite_d_theory=False)
+    traj = NetworkChain().simulate(config)
+    low = traj.loss.min(1)
+    assert (traj.loss[:, :steps // 2].min(1) > np.quantile(low, 0.5)).mean() > 0.3  # late hits
+    levels = [*np.quantile(low, [0.2, 0.5, 0.8]), low.min() - 1e-9]
+    hits = NetworkChain().first_passages(config, levels, quantity="loss")
+    for level, hit in zip(levels, hits, strict=True):
+        below = traj.loss <= level
+        want = np.where(below.any(1), below.argmax(1).astype(float), np.nan)
+        np.testing.assert_array_equal(hit, want)
+    assert (hits[:3] > nc.RESYNC).any() and np.isnan(hits[3]).all()
+
+
+def test_kernel_slope_bound_bounds_the_derivative_of_the_power_series():
+    from dynamics.instance import build_instance
+    from dynamics.reduced.network_simulate import kernel_series
+
+    mode, coef, _ = kernel_series(build_instance({"activation": "he4", "k": 2, "d": 10})
+                                  .activation)
+    assert mode == nc.KERNEL_MODES["power"]
+    rho = np.linspace(-1, 1, 2001)
+    slope = np.abs(np.polynomial.polynomial.polyval(rho, np.polynomial.polynomial.polyder(coef)))
+    bound = nc.kernel_slope_bound(mode, coef)
+    assert slope.max() <= bound + 1e-12 and slope.max() >= 0.99 * bound  # tight at ρ = 1
+    assert nc.kernel_slope_bound(nc.KERNEL_MODES["chebyshev_theta"], coef) == math.inf
+
+
 def test_loss_levels_need_unit_rows_and_a_fine_tuned_teacher():
     from dynamics.reduced.network_simulate import NetworkChain
 

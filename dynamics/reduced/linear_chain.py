@@ -60,7 +60,7 @@ from ..sampling import run_seed
 from ..trajectory import RunResult, Trajectory, checkpoint_steps
 from ._drive import DIVERGED, HIT, RUNNING, drive
 from .exact_chain import ExactChain, convention_supported
-from .network_chain import _compress, _draw, chi2_table, min_dimension, storage_width
+from .network_chain import _compress, _draw, _row_gram, chi2_table, min_dimension, storage_width
 from .network_simulate import _act, compiled_activation_missing
 from .params import distinct
 
@@ -262,11 +262,7 @@ def gram_top_overlap(P, Z, m, u, G, E, pu):
             acc += P[i, q] * u[q]
         pu[i] = acc
         for j in range(i, k):
-            g = 0.0
-            for q in range(t):
-                g += P[i, q] * P[j, q]
-            for q in range(m):
-                g += Z[i, q] * Z[j, q]
+            g = _row_gram(P, Z, m, i, j)
             G[i, j] = g
             G[j, i] = g
     best = _top_eigvec(G, E)

@@ -97,7 +97,14 @@ NetRecords = namedtuple("NetRecords", ["cp_steps", "cross", "gram", "lam_hat"])
 NetRecords.__doc__ = """Checkpoint steps (C,) and ⟨vᵢ, ŵⱼ⟩ (R, C, k, k′), Gram (R, C, k′, k′),
 λ̂ (R, C, k′)."""
 NetWork = namedtuple("NetWork", ["xa", "xe", "eps", "dl", "lam_b", "a", "sv", "sd", "ug",
-                                 "gl", "gram", "gr", "alpha", "beta", "hv", "chi"])
+                                 "gl", "gram", "gr", "alpha", "beta", "hv", "chi", "tf", "q",
+                                 "rr", "q0", "r0", "lref"])
+#: the loss stop rule (b = 1) recomputes the overlaps and the exact loss only where the
+#: overlaps carried along the steps put the loss within this (relative) distance of the level
+SCREEN_TOL = 1e-9
+#: ... and recomputes the carried overlaps from P, Z every this many steps (their rounding
+#: grows ≈ 10⁻¹⁶ per step; the compressions' renormalisation is rounding too)
+RESYNC = 256
 
 
 def make_net_hyper(code, hp, scale, correlation, free, train, eta, eta_c, noise_sd, batch,
@@ -122,13 +129,16 @@ def min_dimension(t: int, width: int, batch: int) -> int:
 
 
 @njit(cache=True)
-def _work(b, kp, t, ms):
-    # x_A, x_E, ε, Λ have 2b rows: b = 1 keeps the next step's example in slot 1 − r
+def _work(b, k, kp, t, ms):
+    # x_A, x_E, ε, Λ have 2b rows: b = 1 keeps the next step's example in slot 1 − r; the
+    # teacher's fields (k,) and the loss stop rule's overlaps Ĝ (k′, k′), VP̂ᵀ (k, k′), those
+    # of its last loss evaluation and (that loss, a bound on |K′|, whether it is set)
     return NetWork(np.empty((2 * b, t)), np.empty((2 * b, ms)), np.empty(2 * b),
                    np.empty((b, kp)), np.zeros((2 * b, b)),
                    np.empty(kp), np.empty(kp), np.empty(kp), np.empty(kp), np.empty(kp),
                    np.empty((b, b)), np.empty((kp, b)), np.empty(kp), np.empty(kp),
-                   np.empty(ms), np.empty((ms + 1, b, 3)))
+                   np.empty(ms), np.empty((ms + 1, b, 3)), np.empty(k), np.empty((kp, kp)),
+                   np.empty((k, kp)), np.empty((kp, kp)), np.empty((k, kp)), np.zeros(3))
 
 
 @njit(cache=True)
@@ -159,6 +169,17 @@ def _dot4(a, b, lo, hi):
         d0 += a[q] * b[q]
         q += 1
     return (d0 + d1) + (d2 + d3)
+
+
+@njit(cache=True, inline="always")
+def _row_gram(P, Z, m, i, j):
+    """⟨ŵᵢ, ŵⱼ⟩ = Pᵢ·Pⱼ + Zᵢ·Zⱼ (Z's first m columns), summed in that order."""
+    g = 0.0
+    for q in range(P.shape[1]):
+        g += P[i, q] * P[j, q]
+    for q in range(m):
+        g += Z[i, q] * Z[j, q]
+    return g
 
 
 @njit(cache=True)
@@ -214,11 +235,7 @@ def _compress(P, Z, m, free, hv):
             Z[i, q] = 0.0
     if not free:
         for i in range(kp):
-            n2 = 0.0
-            for q in range(P.shape[1]):
-                n2 += P[i, q] * P[i, q]
-            for q in range(new_m):
-                n2 += Z[i, q] * Z[i, q]
+            n2 = _row_gram(P, Z, new_m, i, i)
             if n2 > 0.0:
                 inv = 1.0 / math.sqrt(n2)
                 for q in range(P.shape[1]):
@@ -258,7 +275,7 @@ def _alignment(V, P, Z, m, free, diagonal):
     return total / k
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _dual_kernel(rho, mode, coef):
     """K(ρ) from :data:`KERNEL_MODES` ``mode`` and its coefficients (ρ clipped to [−1, 1])."""
     r = min(1.0, max(-1.0, rho))
@@ -279,27 +296,110 @@ def _dual_kernel(rho, mode, coef):
 
 
 @njit(cache=True)
-def _loss(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef):
-    """Exact population loss E(f* − f̂)² of unit rows against a unit-row teacher:
-    λᵀK(VVᵀ)λ (``teacher_term``) + λ̂ᵀK(Ĝ)λ̂ − 2λᵀK(VP̂ᵀ)λ̂ (``dynamics.network_loss``)."""
+def _overlaps(V, P, Z, m, Q, R):
+    """The student Gram Ĝ = PPᵀ + ZZᵀ into Q (upper triangle) and VP̂ᵀ into R."""
     k, t = V.shape
     kp = P.shape[0]
-    out = teacher_term
     for j in range(kp):
         for j2 in range(j, kp):
-            g = 0.0
-            for q in range(t):
-                g += P[j, q] * P[j2, q]
-            for q in range(m):
-                g += Z[j, q] * Z[j2, q]
-            term = lam_hat[j] * lam_hat[j2] * _dual_kernel(g, hyp.kernel_mode, coef)
-            out += term if j2 == j else 2.0 * term
+            Q[j, j2] = _row_gram(P, Z, m, j, j2)
         for i in range(k):
             c = 0.0
             for q in range(t):
                 c += V[i, q] * P[j, q]
-            out -= 2.0 * lam[i] * lam_hat[j] * _dual_kernel(c, hyp.kernel_mode, coef)
+            R[i, j] = c
+
+
+@njit(cache=True)
+def _loss_of(hyp, lam, teacher_term, Q, R, lam_hat, coef):
+    """Exact population loss E(f* − f̂)² of unit rows against a unit-row teacher from their
+    overlaps (Q's upper triangle, R): λᵀK(VVᵀ)λ (``teacher_term``) + λ̂ᵀK(Ĝ)λ̂ − 2λᵀK(VP̂ᵀ)λ̂
+    (``dynamics.network_loss``)."""
+    k, kp = R.shape
+    out = teacher_term
+    for j in range(kp):
+        for j2 in range(j, kp):
+            term = lam_hat[j] * lam_hat[j2] * _dual_kernel(Q[j, j2], hyp.kernel_mode, coef)
+            out += term if j2 == j else 2.0 * term
+        for i in range(k):
+            out -= 2.0 * lam[i] * lam_hat[j] * _dual_kernel(R[i, j], hyp.kernel_mode, coef)
     return out
+
+
+@njit(cache=True, inline="always")
+def _carry_overlaps(w, kp, k):
+    """The overlaps after a b = 1 step from those before: ŵⱼ ← αⱼŵⱼ − cⱼx with cⱼ = βⱼδ̄ⱼ
+    (N4) gives ⟨ŵⱼ, ŵₗ⟩ ← αⱼαₗĜⱼₗ − αⱼcₗaⱼ − αₗcⱼaₗ + cⱼcₗ‖x‖² and ⟨vᵢ, ŵⱼ⟩ ← αⱼ(VP̂ᵀ)ᵢⱼ −
+    cⱼtᵢ (fields aⱼ, tᵢ and ‖x‖² of the step's example). Exact up to rounding, which the
+    recomputation (:func:`_overlaps`) every :data:`RESYNC` steps resets."""
+    x2 = w.gram[0, 0]
+    for j in range(kp):
+        al, cj, aj = w.alpha[j], w.beta[j] * w.dl[0, j], w.a[j]
+        for j2 in range(j, kp):
+            al2, c2 = w.alpha[j2], w.beta[j2] * w.dl[0, j2]
+            w.q[j, j2] = (al * al2 * w.q[j, j2] - al * c2 * aj - al2 * cj * w.a[j2]
+                          + cj * c2 * x2)
+        for i in range(k):
+            w.rr[i, j] = al * w.rr[i, j] - cj * w.tf[i]
+
+
+@njit(cache=True)
+def kernel_slope_bound(mode, coef):
+    """sup over |ρ| ≤ 1 of |K′(ρ)| bounded by Σₚ p|cₚ| for the power series (mode 0); ∞ for
+    the interpolant (no bound used)."""
+    if mode != 0:
+        return math.inf
+    out = 0.0
+    for p in range(1, coef.shape[0]):
+        out += p * abs(coef[p])
+    return out
+
+
+@njit(cache=True, inline="always")
+def _loss_moved(lam, lam_hat, w):
+    """Σⱼ≤ₗ (2 − δⱼₗ)|λ̂ⱼλ̂ₗ||Ĝⱼₗ − Ĝ⁰ⱼₗ| + Σᵢⱼ 2|λᵢλ̂ⱼ||(VP̂ᵀ)ᵢⱼ − (VP̂ᵀ)⁰ᵢⱼ|: times
+    sup|K′|, a bound on how far the loss moved since its last evaluation (K applies to the
+    clipped overlaps, and clipping is 1-Lipschitz)."""
+    k, kp = w.rr.shape
+    out = 0.0
+    for j in range(kp):
+        lj = abs(lam_hat[j])
+        acc = 0.5 * lj * abs(w.q[j, j] - w.q0[j, j])
+        for j2 in range(j + 1, kp):
+            acc += abs(lam_hat[j2]) * abs(w.q[j, j2] - w.q0[j, j2])
+        for i in range(k):
+            acc += abs(lam[i]) * abs(w.rr[i, j] - w.r0[i, j])
+        out += 2.0 * lj * acc
+    return out
+
+
+@njit(cache=True, inline="always")
+def _loss_hit(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef, w, carried):
+    """The loss stop rule after a step: the exact loss (overlaps recomputed from P, Z) at or
+    below the level. ``carried``: w's overlaps were carried along (b = 1,
+    :func:`_carry_overlaps`). Then a step is passed over where the loss cannot be within
+    :data:`SCREEN_TOL` of the level: first where the carried overlaps moved too little since
+    the loss was last evaluated (:func:`_loss_moved` times sup|K′|, power series and a fixed
+    λ̂), then where the loss of the carried overlaps is that far above it. Their rounding
+    (≲ 10⁻¹³ between their recomputations, every :data:`RESYNC` steps) cannot bridge it,
+    so the hits are those of the exact loss evaluated after every step."""
+    if carried:
+        ref = w.lref
+        if ref[2] > 0.0 and not hyp.train:
+            low = ref[0] - ref[1] * _loss_moved(lam, lam_hat, w)
+            if low - SCREEN_TOL * (1.0 + abs(ref[0])) > hyp.stop_level:
+                return False
+        near = _loss_of(hyp, lam, teacher_term, w.q, w.rr, lam_hat, coef)
+        for j in range(w.q.shape[0]):
+            for j2 in range(j, w.q.shape[0]):
+                w.q0[j, j2] = w.q[j, j2]
+            for i in range(w.rr.shape[0]):
+                w.r0[i, j] = w.rr[i, j]
+        ref[0], ref[2] = near, 1.0
+        if near - SCREEN_TOL * (1.0 + abs(near)) > hyp.stop_level:
+            return False
+    _overlaps(V, P, Z, m, w.q, w.rr)
+    return _loss_of(hyp, lam, teacher_term, w.q, w.rr, lam_hat, coef) <= hyp.stop_level
 
 
 @njit(cache=True, inline="always")
@@ -339,6 +439,7 @@ def _label1(hyp, V, ident, lam, w, r):
             acc = 0.0
             for q in range(t):
                 acc += V[i, q] * xa[q]
+        w.tf[i] = acc
         y += lam[i] * sigma(sc * acc, code, hp)
     w.eps[r] = y
 
@@ -497,6 +598,7 @@ def _grad1(hyp, m, lam_hat, mask, w, r):
     for q in range(m):
         gram += xe[q] * xe[q]
     gram += lam11 * lam11
+    w.gram[0, 0] = gram
     ok = True
     free = hyp.free
     for j in range(kp):
@@ -609,7 +711,7 @@ def step_given(hyp, V, lam, P, Z, m, lam_hat, mask, xa, xe, lam_b, eps):
     untouched. Z needs m + b columns."""
     P, Z, lam_hat = (np.array(a, dtype=np.float64) for a in (P, Z, lam_hat))
     b, kp, t = len(eps), P.shape[0], P.shape[1]
-    w = _work(b, kp, t, Z.shape[1])
+    w = _work(b, len(lam), kp, t, Z.shape[1])
     w.xa[:b], w.xe[:b, :m], w.lam_b[:b], w.eps[:b] = xa, np.asarray(xe)[:, :m], lam_b, eps
     m, status = _update_any(hyp, np.asarray(V, np.float64), False,
                             np.asarray(lam, np.float64), P, Z, int(m), lam_hat,
@@ -629,12 +731,7 @@ def _record(V, P, Z, m, lam_hat, rec, run, c):
             rec.cross[run, c, i, j] = acc
     for i in range(kp):
         for j in range(kp):
-            acc = 0.0
-            for q in range(t):
-                acc += P[i, q] * P[j, q]
-            for q in range(m):
-                acc += Z[i, q] * Z[j, q]
-            rec.gram[run, c, i, j] = acc
+            rec.gram[run, c, i, j] = _row_gram(P, Z, m, i, j)
         rec.lam_hat[run, c, i] = lam_hat[i]
 
 
@@ -667,13 +764,18 @@ def _net_step(ctx, sc, t):
             return (st, m + 1, r2, True), RUNNING
         _apply1(hyp, P, Z, m, lam_hat, w, r, -1)
         return (st, m + 1, r, False), RUNNING
+    carry = hyp.stop_kind == 3 and b == 1  # the loss rule's overlaps carried along the steps
     if m + b > cap:
         m = _compress(P, Z, m, hyp.free, w.hv)
+    if carry and t % RESYNC == 0:
+        _overlaps(V, P, Z, m, w.q, w.rr)
     st = _draw(hyp, P.shape[1], m, st, w)
     m, status = _update_any(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w)
     if status == RUNNING and hyp.stop_kind > 0:
         if hyp.stop_kind == 3:
-            if _loss(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef) <= hyp.stop_level:
+            if carry:
+                _carry_overlaps(w, P.shape[0], V.shape[0])
+            if _loss_hit(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef, w, carry):
                 status = HIT
         elif _alignment(V, P, Z, m, hyp.free, hyp.stop_kind == 2) >= hyp.stop_level:
             status = HIT
@@ -696,6 +798,7 @@ def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w, teache
     b = hyp.batch
     cap = min(Z.shape[1], hyp.rest_dim)  # m + b ≤ cap keeps ≥ b rest dimensions (N3)
     chi2_table(w.chi, hyp.rest_dim, b)
+    w.lref[1], w.lref[2] = kernel_slope_bound(hyp.kernel_mode, coef), 0.0
     ctx = (hyp, V, ident, lam, P, Z, lam_hat, mask, w, teacher_term, coef, cap, rec, run)
     sc, div_step, hit_step = drive(_net_step, _net_record, ctx, (st, m, 0, False),
                                    hyp.n_steps, rec.cp_steps)
@@ -708,7 +811,7 @@ def _advance_block(lo, hi, hyp, V, ident, lam, runs, rec, teacher_term, coef):
     kp, t = runs.P.shape[1], runs.P.shape[2]
     for run in range(lo, hi):
         i = runs.inst_idx[run]
-        w = _work(hyp.batch, kp, t, runs.Z.shape[2])
+        w = _work(hyp.batch, V.shape[1], kp, t, runs.Z.shape[2])
         st, m, div, hit = _run_one(run, hyp, V[i], ident[i], lam[i], runs.P[run], runs.Z[run],
                                    runs.lam_hat[run], runs.mask[run], runs.states[run],
                                    runs.m[run], rec, w, teacher_term[i], coef)

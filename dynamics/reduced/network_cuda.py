@@ -29,7 +29,8 @@ def _kernel(hyp, V, ident, lam, runs, rec, teacher_term, coef, work):
     i = runs.inst_idx[r]
     w = NetWork(work[0][r], work[1][r], work[2][r], work[3][r], work[4][r], work[5][r],
                 work[6][r], work[7][r], work[8][r], work[9][r], work[10][r], work[11][r],
-                work[12][r], work[13][r], work[14][r], work[15][r])
+                work[12][r], work[13][r], work[14][r], work[15][r], work[16][r], work[17][r],
+                work[18][r], work[19][r], work[20][r], work[21][r])
     st, m, div, hit = _run_one(r, hyp, V[i], ident[i], lam[i], runs.P[r], runs.Z[r],
                                runs.lam_hat[r], runs.mask[r], runs.states[r], runs.m[r], rec,
                                w, teacher_term[i], coef)
@@ -48,7 +49,7 @@ def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef) -> None:
     """Same arguments and in-place results as :func:`.network_chain.advance_network` (host
     numpy arrays); the state is copied to the device, advanced in one launch, copied back."""
     n_runs, kp, t = runs.P.shape
-    one = _work(hyp.batch, kp, t, runs.Z.shape[2])  # a run's work arrays, as on the CPU
+    one = _work(hyp.batch, V.shape[1], kp, t, runs.Z.shape[2])  # a run's work arrays, as on the CPU
     work = tuple(cuda.to_device(np.zeros((n_runs, *a.shape))) for a in one)
     d_runs, d_rec = _to_device(runs), _to_device(rec)
     args = [cuda.to_device(np.ascontiguousarray(a)) for a in (V, ident, lam, teacher_term,
