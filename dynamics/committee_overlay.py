@@ -243,14 +243,14 @@ def diffusion_seconds(activation, K: int, M: int, paths: int, steps: int,
     two first-order drifts by quadrature where σ has no closed forms (:func:`drift_seconds`).
     Measured (128 paths × 512 examples): relu K = M = 2 249 ns, K = M = 4 517 ns, erf 484 ns,
     relu without the compiled sums 2246 ns; tanh K = M = 3 21 ms per path and step."""
-    from hermite.committee.diffusion import activation_code
+    from hermite.activations_numba import compiled_activation
 
     integ = CommitteeIntegrals(activation)
     P = K + M
     per = 180e-9 + 3.5e-9 * (K * P + P * P)
     if integ.family not in ("relu", "abs"):
         per += 230e-9
-    if activation_code(integ.activation) is None:
+    if compiled_activation(integ.activation) is None:
         per *= 8.5
     drift = 2.0 * drift_seconds(activation, K, M, False) if integ.family == "quadrature" \
         else 0.0

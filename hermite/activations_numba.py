@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["ACT_CODES", "act_code", "sigma", "sigma_and_deriv"]
+__all__ = ["ACT_CODES", "act_code", "compiled_activation", "sigma", "sigma_and_deriv"]
 
 ACT_CODES = {"relu": 0, "abs": 1, "sigmoid": 2, "tanh": 3, "erf": 4, "quadratic": 5,
              "linear": 6}
@@ -29,6 +29,27 @@ def act_code(name: str) -> tuple[int, int] | None:
     if name.startswith("he") and name[2:].isdigit():
         return HERMITE_CODE, int(name[2:])
     return None
+
+
+def compiled_activation(activation) -> tuple[int, int, float] | None:
+    """(code, p, a) of a registry activation σ(a·x) (or a torch activation whose ``theory``
+    is one) for the compiled σ, σ′ here; None for a user's σ, also under a registry name."""
+    from .activations import get_activation
+
+    theory = getattr(activation, "theory", activation)
+    base, scale = theory.base_and_scale
+    code = act_code(base)
+    if code is None:
+        return None
+    if code[0] == HERMITE_CODE:  # hₚ is built on request: the registry's has degree p
+        ok = theory.polynomial_degree == code[1]
+    else:
+        try:
+            registry = get_activation(theory.name)
+        except (KeyError, ValueError):
+            return None
+        ok = registry.fn is theory.fn
+    return (code[0], code[1], scale) if ok else None
 
 
 @njit(cache=True)

@@ -72,8 +72,7 @@ import numpy as np
 import scipy.special
 import scipy.stats
 
-from .activations import get_activation
-from .activations_numba import act_code, sigma
+from .activations_numba import compiled_activation, sigma
 from .gradient import h as _h_exact
 from .kernels import dual_kernel_derivative
 
@@ -295,13 +294,10 @@ def _sums_numpy(chain, mus, eta, r_nodes, r_w, extra, exact):
 
 
 def _compiled_code(act):
-    """(code, p) of the numba σ of ``dynamics.reduced`` when ``act`` is that registry entry."""
-    code = act_code(act.name)
-    if code is None:
-        return None
-    if code[1]:  # he<p>
-        return code if act.polynomial_degree == code[1] else None
-    return code if act.fn is get_activation(act.name).fn else None
+    """(code, p) of the numba σ of ``dynamics.reduced`` when ``act`` is that registry entry
+    (unscaled)."""
+    code = compiled_activation(act)
+    return code[:2] if code is not None and code[2] == 1.0 else None
 
 
 def _replicate_sums(chain, mus, eta, n, extra, exact):

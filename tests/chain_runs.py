@@ -1,9 +1,11 @@
-"""Runs of the exact rank-1 chain with ĉ trained jointly, without the theory a Trajectory
-records (the tests that compare theory with many runs compute their own)."""
+"""Helpers of the exact-chain tests: runs of the rank-1 chain with ĉ trained jointly, without
+the theory a Trajectory records (the tests that compare theory with many runs compute their
+own), and the two-sample KS p-values of two engines' trajectories."""
 
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 from dynamics.config import RunConfig
 
@@ -28,3 +30,16 @@ def joint_chain_runs(act, d, k, eta_d, runs=1024):
     c = inst[0].c
     cos = rec["chat"] @ c / np.linalg.norm(rec["chat"], axis=-1) / np.linalg.norm(c)
     return steps, rec["m"], cos, inst[0], m0, cfg.eta
+
+
+def ks_pvalues(a, b, quantities, first=0) -> dict:
+    """(quantity, checkpoint step) → two-sample KS p-value between Trajectories ``a`` and
+    ``b`` (same checkpoints) of each ``quantities[name](trajectory)`` (R, C), at the
+    checkpoints from index ``first`` on; non-finite values left out."""
+    out = {}
+    for name, get in quantities.items():
+        x, y = get(a), get(b)
+        for c in range(first, x.shape[1]):
+            xs, ys = x[:, c][np.isfinite(x[:, c])], y[:, c][np.isfinite(y[:, c])]
+            out[name, int(a.steps[c])] = stats.ks_2samp(xs, ys).pvalue
+    return out

@@ -21,8 +21,8 @@ from dynamics.config import ConfigError, RunConfig
 from dynamics.counter_stream import fill_normals
 from dynamics.engine import FullRun
 from dynamics.learners.base import Learner
-from dynamics.learners.network_kernel import kernel_activation
 from dynamics.sampling import NoiseSource, counter_keys
+from hermite.activations_numba import compiled_activation
 
 SPEC = {"activation": "tanh", "k": 3, "d": 40, "xi": 1.3, "W": "separated", "c": "gaussian",
         "lam": "random_sign", "u_alpha": 0.3, "seed": 4}
@@ -78,16 +78,16 @@ def test_network_fast_path_equals_plain_path(case):
         _close(fast.records.arrays()[name], plain.records.arrays()[name])
     _close(tf.loss, tp.loss)
     _close(tf.overlap, tp.overlap)
-    assert fast.learner.fast and kernel_activation(fast.problem.activation) is not None
+    assert fast.learner.fast and compiled_activation(fast.problem.activation) is not None
     assert np.abs(tp.loss[:, -1] - tp.loss[:, 0]).max() > 1e-3  # the runs moved
 
 
 def test_compiled_activations_only():
     """Registry σ run compiled; a user's numpy σ (even under a registry name) does not."""
     for name in ("relu", "tanh", "erf", "sigmoid", "abs", "quadratic", "linear", "he3", "he6"):
-        assert kernel_activation(torch_activation(name)) is not None, name
+        assert compiled_activation(torch_activation(name)) is not None, name
     user = activation_from_callable(np.tanh, name="tanh")
-    assert kernel_activation(torch_activation(user)) is None
+    assert compiled_activation(torch_activation(user)) is None
 
 
 def test_network_fast_path_float32():

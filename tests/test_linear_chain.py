@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import math
 
+import chain_runs
 import numba
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 from dynamics.config import ConfigError, RunConfig
 from dynamics.engine import simulate
 from dynamics.learners.linearized import LinearizedFullRank, top_overlap
-from dynamics.learners.network_kernel import kernel_activation
 from dynamics.learners.problem import Problem
 from dynamics.reduced import linear_chain as lc
 from dynamics.reduced import reduced_supported
 from dynamics.resolve import resolve_run
+from hermite.activations_numba import compiled_activation
 
 SPEC = {"activation": "relu", "k": 2, "xi": 1.0, "seed": 3}
 
@@ -72,7 +72,7 @@ def full_and_chain_step(d: int, seed: int, *, project: bool, prox: float, batch:
     q2, r2 = np.linalg.qr(rest.T)
     Z = np.zeros((k, k + batch))
     Z[:, :k] = r.T
-    code = kernel_activation(inst.activation)
+    code = compiled_activation(inst.activation)
     hyp = lc.make_lin_hyper(*code, config.eta, prox, math.sqrt(label_noise), batch, project,
                             d - t, 1)
     chain = lc._Start(config, [inst])
@@ -161,13 +161,9 @@ def law_config(case: str, d: int, engine: str, seed: int = 11, **fields) -> RunC
 def ks_pvalues(a, b) -> dict:
     """(quantity, checkpoint) → two-sample KS p-value of the true loss, ‖Δ‖_F and the
     overlap, at the checkpoints after the start."""
-    out = {}
-    for name in ("loss", "delta_norm", "overlap"):
-        x, y = (t.extra[name] if name == "delta_norm" else getattr(t, name) for t in (a, b))
-        for c in range(1, x.shape[1]):
-            xs, ys = x[:, c][np.isfinite(x[:, c])], y[:, c][np.isfinite(y[:, c])]
-            out[name, int(a.steps[c])] = stats.ks_2samp(xs, ys).pvalue
-    return out
+    return chain_runs.ks_pvalues(a, b, {"loss": lambda t: t.loss,
+                                        "delta_norm": lambda t: t.extra["delta_norm"],
+                                        "overlap": lambda t: t.overlap}, first=1)
 
 
 @pytest.mark.parametrize("d", [30, 300])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 
+import chain_runs
 import numpy as np
 import pytest
 import torch
@@ -104,9 +105,9 @@ def state_lam(obs) -> np.ndarray:
 
 
 def _code(inst):
-    from dynamics.learners.network_kernel import kernel_activation
+    from hermite.activations_numba import compiled_activation
 
-    return kernel_activation(inst.activation)
+    return compiled_activation(inst.activation)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -178,13 +179,8 @@ def law_config(variant: str, d: int, engine: str, seed: int = 11) -> RunConfig:
 
 def ks_pvalues(a, b) -> dict:
     """(quantity, checkpoint) → two-sample KS p-value of the loss and alignment."""
-    out = {}
-    for name in ("loss", "overlap"):
-        x, y = getattr(a, name), getattr(b, name)
-        for c in range(x.shape[1]):
-            xs, ys = x[:, c][np.isfinite(x[:, c])], y[:, c][np.isfinite(y[:, c])]
-            out[name, int(a.steps[c])] = stats.ks_2samp(xs, ys).pvalue
-    return out
+    return chain_runs.ks_pvalues(a, b, {"loss": lambda t: t.loss,
+                                        "overlap": lambda t: t.overlap})
 
 
 @pytest.mark.parametrize("d", [30, 300])

@@ -435,10 +435,12 @@ class NetworkLearner(Learner):
         On CPU with a registry σ: one call of the compiled kernel (``network_kernel``: the
         same update, same examples, equal up to rounding); else :meth:`step_prepared_` per
         step (the reference, and the path on CUDA)."""
-        from .network_kernel import kernel_activation, network_chunk
+        from hermite.activations_numba import compiled_activation
+
+        from .network_kernel import network_chunk
 
         rows, n = state.rows, x.shape[1]
-        code = kernel_activation(self.problem.activation) if (
+        code = compiled_activation(self.problem.activation) if (
             self.fast and rows.device.type == "cpu" and rows.is_contiguous()
             and state.lam_hat.is_contiguous()) else None
         if code is None:

@@ -38,13 +38,12 @@ import numpy as np
 import torch
 from numba import njit
 
-from hermite.activations import get_activation
-from hermite.activations_numba import HERMITE_CODE, act_code, sigma_and_deriv
+from hermite.activations_numba import sigma_and_deriv
 
 from ..numba_cache import SIGMA_SOURCE, drop_stale_cache
 from ..run_threads import over_runs
 
-__all__ = ["network_chunk", "linear_chunk", "kernel_activation", "examples_view", "RowArrays",
+__all__ = ["network_chunk", "linear_chunk", "examples_view", "RowArrays",
            "ChunkView", "RowFlags", "LinearArrays", "LinearFlags"]
 
 # reassociation (vectorised reductions) and contraction (FMA); no nnan/ninf: NaN must survive
@@ -68,25 +67,6 @@ RowFlags = namedtuple("RowFlags", ["code", "p", "scale", "correlation", "train",
 LinearArrays = namedtuple("LinearArrays", ["delta", "z", "y", "f0", "beta", "lmat", "eta",
                                            "norms"])
 LinearFlags = namedtuple("LinearFlags", ["prox", "project"])
-
-
-def kernel_activation(activation) -> tuple[int, int, float] | None:
-    """(code, p, a) of a registry activation σ(a·x) for the compiled σ, σ′; None for a
-    user's σ."""
-    theory = getattr(activation, "theory", activation)
-    base, scale = theory.base_and_scale
-    code = act_code(base)
-    if code is None:
-        return None
-    if code[0] == HERMITE_CODE:  # hₚ is built on request: the registry's has degree p
-        ok = theory.polynomial_degree == code[1]
-    else:
-        try:
-            registry = get_activation(theory.name)
-        except (KeyError, ValueError):
-            return None
-        ok = registry.fn is theory.fn  # not a user's σ under a registry name
-    return (code[0], code[1], scale) if ok else None
 
 
 def examples_view(x: torch.Tensor):
@@ -328,7 +308,7 @@ def network_chunk(rows: torch.Tensor, lam_hat: torch.Tensor, x: torch.Tensor,
     examples (last axis contiguous), y (R, n, b) their labels; eta_r, eta_c_r (R,) step
     sizes; mask (R, k′) trainable rows; norms (n, R) receives minⱼ 1/nⱼ per step; a_pre
     (R, n, b, k′) the precomputed aⱼ of the rows the mask freezes (None: computed here);
-    ``activation`` (code, p, a) from :func:`kernel_activation`.
+    ``activation`` (code, p, a) from :func:`hermite.activations_numba.compiled_activation`.
     """
     xf, off, s0, s1, s2 = examples_view(x)
     has_pre = a_pre is not None

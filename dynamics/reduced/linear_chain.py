@@ -53,7 +53,7 @@ from dataclasses import replace
 import numpy as np
 from numba import njit
 
-from hermite.activations_numba import sigma, sigma_and_deriv
+from hermite.activations_numba import compiled_activation, sigma, sigma_and_deriv
 
 from ..run_threads import over_runs
 from ..sampling import run_seed
@@ -61,7 +61,7 @@ from ..trajectory import RunResult, Trajectory, checkpoint_steps
 from ._drive import DIVERGED, HIT, RUNNING, drive
 from .exact_chain import ExactChain, convention_supported
 from .network_chain import _compress, _draw, _row_gram, chi2_table, min_dimension, storage_width
-from .network_simulate import _act, compiled_activation_missing
+from .network_simulate import compiled_activation_missing
 from .params import distinct
 
 __all__ = ["LinHyper", "LinRuns", "LinRecords", "make_lin_hyper", "advance_linear",
@@ -394,7 +394,7 @@ class _Start:
         self.V = np.ascontiguousarray((rows + shift[..., None] * self.u[:, None, :])
                                       / norms[..., None])
         self.lam = np.stack([np.asarray(i.lam, np.float64) * i.output_scale for i in order])
-        self.code = _act(order[0].activation)
+        self.code = compiled_activation(order[0].activation)
 
 
 class LinearChain(ExactChain):

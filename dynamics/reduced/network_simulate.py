@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from hermite.activations_numba import compiled_activation
+
 from ..config import RunConfig
 from ..sampling import run_seed
 from ..trajectory import RunResult, Trajectory, checkpoint_steps
@@ -115,20 +117,13 @@ def compiled_activation_missing(inst: dict, chain: str) -> str:
     from hermite.activations import get_activation
 
     try:
-        act = _act(get_activation(str(inst.get("activation"))))
+        act = compiled_activation(get_activation(str(inst.get("activation"))))
     except (KeyError, ValueError):
         act = None
     if act is None:
         return (f"reduced engine: activation {inst.get('activation')!r} has no compiled "
                 f"version for the {chain} chain")
     return ""
-
-
-def _act(activation) -> tuple[int, int, float] | None:
-    """(code, p, scale) of the compiled σ (``network_kernel.kernel_activation``), or None."""
-    from ..learners.network_kernel import kernel_activation
-
-    return kernel_activation(activation)
 
 
 class NetworkChain(ExactChain):
@@ -161,7 +156,7 @@ class NetworkChain(ExactChain):
         """Run the kernel on ``start`` (in place): (NetRuns, NetRecords)."""
         config, inst0 = start.config, start.instances[0]
         runs, k, width = len(start.instances), inst0.k, start.learner.width
-        code, hp, scale = _act(inst0.activation)
+        code, hp, scale = compiled_activation(inst0.activation)
         states = np.array([run_seed(config.seed, r, "data") for r in range(runs)],
                           dtype=np.uint64)
         run_state = NetRuns(states, start.P, start.Z, start.m, start.lam_hat, start.mask,

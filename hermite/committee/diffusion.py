@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..activations_numba import compiled_activation
 from .ode import (
     CommitteeModel,
     _check_alphas,
@@ -62,7 +63,7 @@ from .ode import (
 )
 
 __all__ = ["DIFFUSION_STEP", "DiffusionTrajectory", "committee_diffusion",
-           "sample_sums_numpy", "psd_repaired", "compiled_code", "activation_code",
+           "sample_sums_numpy", "psd_repaired", "compiled_code",
            "diffusion_points"]
 
 DIFFUSION_STEP = 0.1  # dα of a step (Heun; noiseless: within 0.003 of the ODE, free-row erf)
@@ -88,23 +89,7 @@ def compiled_code(model: CommitteeModel):
     """(code, p, scale) of the compiled σ(x) = σ_code(scale·x) when the model's activation is
     a registry entry or one scaled (nn2pp's erf(x/√2)), or None (then
     :func:`sample_sums_numpy`)."""
-    return activation_code(model.integrals.activation)
-
-
-def activation_code(act):
-    """:func:`compiled_code` of an activation (``CommitteeIntegrals(...).activation``)."""
-    from ..activations import get_activation
-    from ..noise import _compiled_code
-
-    base, scale = act.base_and_scale
-    if scale == 1.0:
-        code = _compiled_code(act)
-    else:
-        try:
-            code = _compiled_code(get_activation(base))
-        except (KeyError, ValueError):
-            code = None
-    return None if code is None else (code[0], code[1], float(scale))
+    return compiled_activation(model.integrals.activation)
 
 
 def sample_sums_numpy(model: CommitteeModel, L, z, w, v, Q, R):
