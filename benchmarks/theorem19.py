@@ -87,7 +87,8 @@ def measure(sigma, ds, runs, cs, c_ft, horizon, seed, learners) -> dict:
         ft = finetune_times(sigma, d, runs, c_ft, seed)
         series.setdefault(("finetune", c_ft), []).append(ft)
         row = {"d": d, "L*": target_loss(sigma, d),
-               "finetune": {"median": censored_median(ft), "never": float(np.mean(np.isnan(ft)))}}
+               f"finetune c={c_ft:g}": {"median": censored_median(ft),
+                                        "never": float(np.mean(np.isnan(ft)))}}
         for learner in learners:
             for c in cs:
                 hits, steps = scratch_times(sigma, learner, d, runs, c, horizon, seed)
@@ -98,19 +99,69 @@ def measure(sigma, ds, runs, cs, c_ft, horizon, seed, learners) -> dict:
         row["seconds"] = time.perf_counter() - t0
         out["rows"].append(row)
         print(json.dumps(row, default=float), flush=True)
+    out["times"] = {f"{k[0]} c={k[1]:g}": [list(map(float, t)) for t in v]
+                    for k, v in series.items()}
+    out["fits"] = fits_of(out)
+    return out
+
+
+def keyed_rows(res: dict) -> list[dict]:
+    """``res``'s rows with every series under its ``times`` key (files written before
+    fine-tuning's row key named its c call it ``finetune``)."""
+    name = f"finetune c={res['c_ft']:g}" if not isinstance(res["c_ft"], list) else None
+    return [{(name if k == "finetune" else k): v for k, v in row.items()}
+            for row in res["rows"]]
+
+
+def series_d(res: dict, key: str) -> list:
+    """The d of ``res``'s rows that have series ``key`` (its times are in this order)."""
+    return [row["d"] for row in keyed_rows(res) if key in row]
+
+
+def fits_of(res: dict) -> dict:
+    """Per series of ``res`` (its times: per-d lists of first-passage steps, NaN = never): the
+    slope of log median T on log d with its 95 % bootstrap CI (``fit_power_law``), or why
+    there is none."""
     fits = {}
-    for (learner, c), times in series.items():
-        key = f"{learner} c={c:g}"
+    for key, per_d in res["times"].items():
+        ds = series_d(res, key)
         try:
-            fit = fit_power_law(ds, times)
+            fit = fit_power_law(ds, [np.asarray(t, dtype=float) for t in per_d])
             fits[key] = {"slope": fit.slope, "ci": list(fit.slope_ci),
                          "d_fitted": [float(x) for x, m in zip(fit.d, fit.median_T, strict=True)
                                       if np.isfinite(m)]}
         except ValueError as err:
             fits[key] = {"slope": None, "why": str(err)}
-    out["fits"] = fits
-    out["times"] = {f"{k[0]} c={k[1]:g}": [list(map(float, t)) for t in v]
-                    for k, v in series.items()}
+    return fits
+
+
+def merged(results: list[dict]) -> dict:
+    """One result from several ``measure`` results of one σ, run count and horizon over
+    different d (or different series at the same d): rows joined by d, each series' times in
+    d order, fits redone over every d a series has."""
+    first = results[0]
+    same = ("sigma", "runs", "horizon", "eta", "level")
+    for res in results[1:]:
+        if any(res[key] != first[key] for key in same):
+            raise ValueError(f"cannot merge: the results differ in one of {same}")
+    rows: dict = {}
+    for res in results:
+        for row in keyed_rows(res):
+            have = rows.setdefault(row["d"], {"d": row["d"], "L*": row["L*"], "seconds": 0.0})
+            have["seconds"] += row["seconds"]
+            have.update({k: v for k, v in row.items() if k not in ("d", "L*", "seconds")})
+    ds = sorted(rows)
+    out = {key: first[key] for key in ("sigma", "p", *same)}
+    c_ft = sorted({c for res in results
+                   for c in (res["c_ft"] if isinstance(res["c_ft"], list) else [res["c_ft"]])})
+    out["c_ft"] = c_ft[0] if len(c_ft) == 1 else c_ft
+    out["rows"] = [rows[d] for d in ds]
+    out["times"] = {}
+    for key in dict.fromkeys(k for res in results for k in res["times"]):
+        by_d = {d: t for res in results if key in res["times"]
+                for d, t in zip(series_d(res, key), res["times"][key], strict=True)}
+        out["times"][key] = [by_d[d] for d in ds if d in by_d]
+    out["fits"] = fits_of(out)
     return out
 
 
@@ -129,14 +180,15 @@ def plot(results: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7.0, 4.8))
     notes, drawn, anchors = [], set(), {}
     for res in results:
-        ds = np.array([r["d"] for r in res["rows"]], dtype=float)
-        for key in res["rows"][0]:
+        for key in dict.fromkeys(k for r in keyed_rows(res) for k in r):
             if key in ("d", "L*", "seconds") or key in drawn:
                 continue
             drawn.add(key)
-            med = np.array([r[key]["median"] for r in res["rows"]], dtype=float)
-            never = [r[key]["never"] for r in res["rows"]]
-            fit = res["fits"].get(key if key != "finetune" else f"finetune c={res['c_ft']:g}")
+            rows = [r for r in keyed_rows(res) if key in r]
+            ds = np.array([r["d"] for r in rows], dtype=float)
+            med = np.array([r[key]["median"] for r in rows], dtype=float)
+            never = [r[key]["never"] for r in rows]
+            fit = res["fits"].get(key)
             if fit is None or fit.get("slope") is None:
                 horizon = res["horizon"]
                 notes.append(f"{key}: never reached L* within {horizon} steps in "
@@ -146,7 +198,8 @@ def plot(results: list[dict], path: Path) -> None:
             label = (f"{key}: slope {fit['slope']:.2f} [{fit['ci'][0]:.2f}, "
                      f"{fit['ci'][1]:.2f}]; never {100 * min(never):.0f}–{100 * max(never):.0f} %")
             ax.loglog(ds, med, "o-", label=label)
-            anchors.setdefault("ft" if key == "finetune" else "scratch", (ds[0], med[0]))
+            anchors.setdefault("ft" if key.startswith("finetune") else "scratch",
+                               (ds[0], med[0]))
     dref = np.geomspace(min(r["d"] for res in results for r in res["rows"]),
                         max(r["d"] for res in results for r in res["rows"]), 20)
     for expo, name, anchor in ((1.0, "∝ d", "ft"), (p / 2, f"∝ d^{p / 2:g} (CSQ bound)", "scratch"),
@@ -181,15 +234,27 @@ def main(argv=None) -> int:
     ap.add_argument("--c", type=float, nargs="+", default=[0.05, 0.1])
     ap.add_argument("--c-ft", type=float, default=0.05)
     ap.add_argument("--horizon", type=float, default=40.0)
-    ap.add_argument("--learners", nargs="+", default=["scratch", "scratch-csq"])
+    ap.add_argument("--learners", nargs="*", default=["scratch", "scratch-csq"],
+                    help="From-scratch learners beside fine-tuning (none: fine-tuning alone).")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--replot", type=Path, nargs="+",
                     help="Draw --plot from these saved --out files (one σ) and exit.")
+    ap.add_argument("--merge", type=Path, nargs="+",
+                    help="Join these saved --out files (one σ, run count, horizon; different "
+                         "d) into --out with the fits over all d, draw --plot, and exit.")
     args = ap.parse_args(argv)
     if args.replot:
         plot([json.loads(f.read_text()) for f in args.replot], args.plot)
+        return 0
+    if args.merge:
+        res = merged([json.loads(f.read_text()) for f in args.merge])
+        print(json.dumps(res["fits"], indent=1, default=float))
+        if args.out:
+            args.out.write_text(json.dumps(res, indent=1, default=float) + "\n")
+        if args.plot:
+            plot([res], args.plot)
         return 0
     res = measure(args.sigma, args.d, args.runs, args.c, args.c_ft, args.horizon, args.seed,
                   args.learners)
