@@ -48,7 +48,9 @@ Cost per step: b(t + m) normals (m ≤ 2k′ + b) and b χ² draws, O(bk′(t + 
 independent of d. For b = 1 the update takes no batch loops, and where the rows outgrow the
 L1 cache (k′(t + 2k′ + 1) ≥ :data:`FUSE_MIN`, no stop rule) the pass that updates the rows
 also takes the next step's fields (its example drawn first, the numbers in the same order), so
-the rows are read once per step. Divergence (a non-finite health value 1/nⱼ, gradient or
+the rows are read once per step. The loss stop rule (b = 1) carries the overlaps along the
+steps from the step's own numbers and evaluates the exact loss only where a bound on how far
+it moved allows the level (:func:`_loss_hit`): the hits of the every-step rule, for less. Divergence (a non-finite health value 1/nⱼ, gradient or
 state) marks the run and freezes it at its last finite state. Runs advance in blocks on
 numba's threads, each on its own SplitMix64 stream seeded from (seed, r), so the numbers do
 not depend on R or on the thread count.
