@@ -250,14 +250,9 @@ def main(argv=None) -> int:
         return 0
     if args.merge:
         res = merged([json.loads(f.read_text()) for f in args.merge])
-        print(json.dumps(res["fits"], indent=1, default=float))
-        if args.out:
-            args.out.write_text(json.dumps(res, indent=1, default=float) + "\n")
-        if args.plot:
-            plot([res], args.plot)
-        return 0
-    res = measure(args.sigma, args.d, args.runs, args.c, args.c_ft, args.horizon, args.seed,
-                  args.learners)
+    else:
+        res = measure(args.sigma, args.d, args.runs, args.c, args.c_ft, args.horizon,
+                      args.seed, args.learners)
     print(json.dumps(res["fits"], indent=1, default=float))
     if args.out:
         args.out.write_text(json.dumps(res, indent=1, default=float) + "\n")
