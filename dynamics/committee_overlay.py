@@ -188,12 +188,16 @@ def integrate(model: CommitteeModel, state: CommitteeState, steps, d: int, *,
     with np.errstate(divide="ignore", over="ignore"):  # degenerate pairs (R = T) in quadrature
         tr = committee_ode(model, state, alphas, integrator=integrator, N=float(d),
                            rtol=RTOL, atol=ATOL)
-    if diagonal:
-        align = np.array([committee_alignment(tr.state(i), model.T, diagonal=True)
-                          for i in range(alphas.size)])
-    else:
-        align = tr.alignment
-    return tr.loss, align, integrator
+    return tr.loss, _alignment(tr, model, diagonal), integrator
+
+
+def _alignment(tr, model: CommitteeModel, diagonal: bool) -> np.ndarray:
+    """The ODE trajectory's alignment at its checkpoints: its own (max over student rows),
+    or ⟨teacher i, student i⟩ (``diagonal``, sparse)."""
+    if not diagonal:
+        return tr.alignment
+    return np.array([committee_alignment(tr.state(i), model.T, diagonal=True)
+                     for i in range(len(tr.loss))])
 
 
 def integrate_batch(model: CommitteeModel, states, steps, d: int, *,
@@ -204,14 +208,7 @@ def integrate_batch(model: CommitteeModel, states, steps, d: int, *,
     alphas = (steps - steps[0]) / float(d)
     with np.errstate(divide="ignore", over="ignore"):
         trs = committee_ode_batch(model, states, alphas, rtol=RTOL, atol=ATOL)
-    out = []
-    for tr in trs:
-        align = tr.alignment
-        if diagonal:
-            align = np.array([committee_alignment(tr.state(i), model.T, diagonal=True)
-                              for i in range(alphas.size)])
-        out.append((tr.loss, align))
-    return out
+    return [(tr.loss, _alignment(tr, model, diagonal)) for tr in trs]
 
 
 def plan_diffusion(activation, eta_d: float, d: int, batch: int, span: int, starts: int,

@@ -50,8 +50,9 @@ L1 cache (k′(t + 2k′ + 1) ≥ :data:`FUSE_MIN`, no stop rule) the pass that 
 also takes the next step's fields (its example drawn first, the numbers in the same order), so
 the rows are read once per step. The loss stop rule (b = 1) carries the overlaps along the
 steps from the step's own numbers and evaluates the exact loss only where a bound on how far
-it moved allows the level (:func:`_loss_hit`): the hits of the every-step rule, for less. Divergence (a non-finite health value 1/nⱼ, gradient or
-state) marks the run and freezes it at its last finite state. Runs advance in blocks on
+it moved allows the level (:func:`_loss_hit`): the hits of the every-step rule, for less.
+Divergence (a non-finite health value 1/nⱼ, gradient or state) marks the run and freezes it
+at its last finite state. Runs advance in blocks on
 numba's threads, each on its own SplitMix64 stream seeded from (seed, r), so the numbers do
 not depend on R or on the thread count.
 """
