@@ -43,6 +43,8 @@ from dynamics.reduced.network_simulate import NetworkChain
 from sims.experiments.fit import censored_median, fit_power_law
 
 LEVEL = 0.9
+#: the series of the committee ODE's first passages (``--ode-runs``)
+ODE_NAME = "committee ODE escape (1st order)"
 
 
 def spec_for(sigma: str, d: int) -> dict:
@@ -77,7 +79,41 @@ def scratch_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon
     return hits[0], steps
 
 
-def measure(sigma, ds, runs, cs, c_ft, horizon, seed, learners) -> dict:
+def ode_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon: float,
+              seed: int, max_evals: int = 30_000) -> np.ndarray:
+    """Plateau escapes (steps; NaN = not by the horizon) of the committee ODE
+    (``hermite.committee.committee_first_passage``, first order: the η̄² terms dropped) from
+    each of the first ``runs`` chain runs' own starts (the rows the SGD runs start from),
+    η̄ = η·d with η = c/d^{p/2}: the first step where some |cos(ŵⱼ, vᵢ)| reaches
+    ``ESCAPE_OVERLAP`` (0.5). Its first passage of L* is no law here: from most starts the
+    ODE comes to rest at a spurious fixed point above L* (loss ≈ 1.2–1.5), which SGD
+    leaves."""
+    from dynamics.committee_overlay import committee_model, committee_state
+    from dynamics.reduced.network_simulate import ChainStart
+    from hermite.committee import committee_first_passage
+
+    p = degree(sigma)
+    steps = int(math.ceil(horizon * d ** (p - 1)))
+    config = RunConfig(instance=spec_for(sigma, d), learner=learner, eta=c / d ** (p / 2),
+                       steps=steps, runs=runs, seed=seed, engine="reduced",
+                       finite_d_theory=False)
+    start = ChainStart(config, config.run_instances())
+    cross, gram = start.overlaps()
+    level = target_loss(sigma, d)
+    out = np.full(runs, np.nan)
+    for r, inst in enumerate(start.instances):
+        model = committee_model(inst, loss=start.learner.loss_name, eta=config.eta,
+                                second_order=False)
+        hit = committee_first_passage(model, committee_state(cross[r], gram[r],
+                                                             start.lam_hat[r]),
+                                      level, d, alpha_max=steps / d, max_evals=max_evals)
+        if math.isfinite(hit.escape):
+            out[r] = hit.escape
+    return out
+
+
+def measure(sigma, ds, runs, cs, c_ft, horizon, seed, learners, ode_runs=0,
+            ode_only=False) -> dict:
     p = degree(sigma)
     out = {"sigma": sigma, "p": p, "level": LEVEL, "runs": runs, "c_ft": c_ft,
            "horizon": f"{horizon}·d^{p - 1}", "eta": f"c/d^{p / 2:g}", "rows": []}
@@ -91,11 +127,16 @@ def measure(sigma, ds, runs, cs, c_ft, horizon, seed, learners) -> dict:
                                         "never": float(np.mean(np.isnan(ft)))}}
         for learner in learners:
             for c in cs:
-                hits, steps = scratch_times(sigma, learner, d, runs, c, horizon, seed)
-                series.setdefault((learner, c), []).append(hits)
-                row[f"{learner} c={c:g}"] = {"median": censored_median(hits),
-                                             "never": float(np.mean(np.isnan(hits))),
-                                             "horizon": steps}
+                todo = [] if ode_only else [(learner, scratch_times)]
+                if ode_runs:
+                    todo.append((f"{ODE_NAME} {learner}",
+                                 lambda *a: (ode_times(*a[:3], ode_runs, *a[4:]), None)))
+                for name, times in todo:
+                    hits, steps = times(sigma, learner, d, runs, c, horizon, seed)
+                    series.setdefault((name, c), []).append(hits)
+                    row[f"{name} c={c:g}"] = {"median": censored_median(hits),
+                                              "never": float(np.mean(np.isnan(hits))),
+                                              "horizon": steps}
         row["seconds"] = time.perf_counter() - t0
         out["rows"].append(row)
         print(json.dumps(row, default=float), flush=True)
@@ -197,9 +238,11 @@ def plot(results: list[dict], path: Path) -> None:
                 continue
             label = (f"{key}: slope {fit['slope']:.2f} [{fit['ci'][0]:.2f}, "
                      f"{fit['ci'][1]:.2f}]; never {100 * min(never):.0f}–{100 * max(never):.0f} %")
-            ax.loglog(ds, med, "o-", label=label)
-            anchors.setdefault("ft" if key.startswith("finetune") else "scratch",
-                               (ds[0], med[0]))
+            ode = key.startswith(ODE_NAME)
+            ax.loglog(ds, med, "s--" if ode else "o-", label=label)
+            if not ode:
+                anchors.setdefault("ft" if key.startswith("finetune") else "scratch",
+                                   (ds[0], med[0]))
     dref = np.geomspace(min(r["d"] for res in results for r in res["rows"]),
                         max(r["d"] for res in results for r in res["rows"]), 20)
     for expo, name, anchor in ((1.0, "∝ d", "ft"), (p / 2, f"∝ d^{p / 2:g} (CSQ bound)", "scratch"),
@@ -237,6 +280,11 @@ def main(argv=None) -> int:
     ap.add_argument("--learners", nargs="*", default=["scratch", "scratch-csq"],
                     help="From-scratch learners beside fine-tuning (none: fine-tuning alone).")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ode-runs", type=int, default=0,
+                    help="Also the first-order committee ODE's plateau escape from the first "
+                         "N runs' starts, per learner and c.")
+    ap.add_argument("--ode-only", action="store_true",
+                    help="With --ode-runs: the ODE series (and fine-tuning) without the SGD.")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--replot", type=Path, nargs="+",
@@ -252,7 +300,7 @@ def main(argv=None) -> int:
         res = merged([json.loads(f.read_text()) for f in args.merge])
     else:
         res = measure(args.sigma, args.d, args.runs, args.c, args.c_ft, args.horizon,
-                      args.seed, args.learners)
+                      args.seed, args.learners, args.ode_runs, args.ode_only)
     print(json.dumps(res["fits"], indent=1, default=float))
     if args.out:
         args.out.write_text(json.dumps(res, indent=1, default=float) + "\n")

@@ -78,11 +78,12 @@ class ChainStart:
         ``exact_loss``)."""
         from ..learners.network import exact_loss
 
-        cross, gram = self._overlaps()
+        cross, gram = self.overlaps()
         return exact_loss(self.instances, cross[:, None], gram[:, None],
                           self.lam_hat[:, None])[:, 0]
 
-    def _overlaps(self):
+    def overlaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cross ⟨vᵢ, ŵⱼ⟩ (R, k, k′), student Gram (R, k′, k′)) of the runs now."""
         cross = np.einsum("rkt,rjt->rkj", self.V[self.inst_idx], self.P)
         gram = np.einsum("rit,rjt->rij", self.P, self.P)
         for r, m in enumerate(self.m):
@@ -91,7 +92,7 @@ class ChainStart:
 
     def alignment(self) -> np.ndarray:
         """(R,) the runs' alignment now (the learner's ``alignment_of`` its overlaps)."""
-        cross, gram = self._overlaps()
+        cross, gram = self.overlaps()
         return self.learner.alignment_of(cross[:, None], gram[:, None], self.instances)[:, 0]
 
 
