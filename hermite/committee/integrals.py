@@ -284,13 +284,19 @@ class CommitteeIntegrals:
             for b in range(B):
                 out[b] = self.gprime_e2(C[b], coef[b], pairs)
             return out
+        return self._gprime_e2_compiled(C, coef, pairs, nz)
+
+    def _gprime_e2_compiled(self, C, coef, pairs, nz) -> np.ndarray:
+        """(B, len(pairs)) compiled relu/abs E[g′g′e²] for states C (B, P, P), coef (B, P):
+        one call per group of fields (``nz``: the fields with a coefficient ≠ 0)."""
+        out = np.empty((C.shape[0], len(pairs)))
         for (n_outer, _), members in _pair_groups(pairs, nz).items():
             idx = np.array([m[1] for m in members])  # (G, n) fields of each pair in the group
             sub = C[:, idx[:, :, None], idx[:, None, :]]  # (B, G, n, n)
             vals = gprime_e2_compiled(self.family, sub.reshape(-1, *sub.shape[2:]),
                                       coef[:, idx].reshape(-1, idx.shape[1]), n_outer,
                                       self.q["q4"])
-            out[:, [m[0] for m in members]] = vals.reshape(B, len(members))
+            out[:, [m[0] for m in members]] = vals.reshape(C.shape[0], len(members))
         return out
 
     def _direct_e2(self, width: int, n_coef: int) -> bool:
@@ -327,16 +333,12 @@ class CommitteeIntegrals:
         return (vals * np.tile(w, len(pairs))).reshape(len(pairs), -1).sum(axis=1)
 
     def _gprime_e2_nested(self, C, coef, pairs, nz, compiled=True):
+        if compiled:
+            return self._gprime_e2_compiled(C[None], coef[None], pairs, nz)[0]
         out = np.empty(len(pairs))
-        groups = _pair_groups(pairs, nz)
         inner = nested.e2_inner(self._pair, self._square)
-        for (n_outer, _), members in groups.items():
+        for (n_outer, _), members in _pair_groups(pairs, nz).items():
             idx = np.array([m[1] for m in members])
-            if compiled:
-                out[[m[0] for m in members]] = gprime_e2_compiled(
-                    self.family, C[idx[:, :, None], idx[:, None, :]], coef[idx], n_outer,
-                    self.q["q4"])
-                continue
             factors = ((self._dg2,) if n_outer == 1 else (self._dg, self._dg)) + \
                 (self._g,) * (idx.shape[1] - n_outer)
             out[[m[0] for m in members]] = self._quad(
