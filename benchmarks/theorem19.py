@@ -87,15 +87,20 @@ def finetune_scan(sigma: str, ds, cs, runs: int, seed: int, horizon: float) -> l
     return out
 
 
+def scratch_config(sigma: str, learner: str, d: int, runs: int, c: float, horizon: float,
+                   seed: int) -> RunConfig:
+    """The from-scratch runs at d: η = c/d^{p/2}, horizon·d^{p−1} steps, the exact chain."""
+    p = degree(sigma)
+    return RunConfig(instance=spec_for(sigma, d), learner=learner, eta=c / d ** (p / 2),
+                     steps=int(math.ceil(horizon * d ** (p - 1))), runs=runs, seed=seed,
+                     engine="reduced", finite_d_theory=False)
+
+
 def scratch_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon: float,
                   seed: int) -> tuple[np.ndarray, int]:
-    p = degree(sigma)
-    steps = int(math.ceil(horizon * d ** (p - 1)))
-    config = RunConfig(instance=spec_for(sigma, d), learner=learner, eta=c / d ** (p / 2),
-                       steps=steps, runs=runs, seed=seed, engine="reduced",
-                       finite_d_theory=False)
+    config = scratch_config(sigma, learner, d, runs, c, horizon, seed)
     hits = NetworkChain().first_passages(config, [target_loss(sigma, d)], quantity="loss")
-    return hits[0], steps
+    return hits[0], config.steps
 
 
 def ode_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon: float,
@@ -111,11 +116,7 @@ def ode_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon: fl
     from dynamics.reduced.network_simulate import ChainStart
     from hermite.committee import committee_first_passage
 
-    p = degree(sigma)
-    steps = int(math.ceil(horizon * d ** (p - 1)))
-    config = RunConfig(instance=spec_for(sigma, d), learner=learner, eta=c / d ** (p / 2),
-                       steps=steps, runs=runs, seed=seed, engine="reduced",
-                       finite_d_theory=False)
+    config = scratch_config(sigma, learner, d, runs, c, horizon, seed)
     start = ChainStart(config, config.run_instances())
     cross, gram = start.overlaps()
     level = target_loss(sigma, d)
@@ -125,7 +126,8 @@ def ode_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon: fl
                                 second_order=False)
         hit = committee_first_passage(model, committee_state(cross[r], gram[r],
                                                              start.lam_hat[r]),
-                                      level, d, alpha_max=steps / d, max_evals=max_evals)
+                                      level, d, alpha_max=config.steps / d,
+                                      max_evals=max_evals)
         if math.isfinite(hit.escape):
             out[r] = hit.escape
     return out
@@ -146,12 +148,14 @@ def measure(sigma, ds, runs, cs, c_ft, horizon, seed, learners, ode_runs=0,
                                         "never": float(np.mean(np.isnan(ft)))}}
         for learner in learners:
             for c in cs:
-                todo = [] if ode_only else [(learner, scratch_times)]
+                found = []  # (series, first passages, horizon in steps)
+                if not ode_only:
+                    found.append((learner, *scratch_times(sigma, learner, d, runs, c, horizon,
+                                                          seed)))
                 if ode_runs:
-                    todo.append((f"{ODE_NAME} {learner}",
-                                 lambda *a: (ode_times(*a[:3], ode_runs, *a[4:]), None)))
-                for name, times in todo:
-                    hits, steps = times(sigma, learner, d, runs, c, horizon, seed)
+                    found.append((f"{ODE_NAME} {learner}",
+                                  ode_times(sigma, learner, d, ode_runs, c, horizon, seed), None))
+                for name, hits, steps in found:
                     series.setdefault((name, c), []).append(hits)
                     row[f"{name} c={c:g}"] = {"median": censored_median(hits),
                                               "never": float(np.mean(np.isnan(hits))),
