@@ -331,7 +331,10 @@ def main(argv=None) -> int:
             args.out.write_text(json.dumps(rows, indent=1, default=float) + "\n")
         return 0
     if args.merge:
-        res = merged([json.loads(f.read_text()) for f in args.merge])
+        try:
+            res = merged([json.loads(f.read_text()) for f in args.merge])
+        except (OSError, ValueError, KeyError) as err:  # a missing, half-written or other file
+            sys.exit(f"theorem19.py --merge: {type(err).__name__}: {err}")
     else:
         res = measure(args.sigma, args.d, args.runs, args.c, args.c_ft, args.horizon,
                       args.seed, args.learners, args.ode_runs, args.ode_only)
