@@ -95,16 +95,26 @@ def normal(state):
 
 @njit(cache=True)
 def _gamma_mt(dd, cc, state):
-    """Marsaglia–Tsang core for shape α ≥ 1, given dd = α − 1/3 and cc = 1/√(9 dd)."""
+    """Marsaglia–Tsang core for shape α ≥ 1, given dd = α − 1/3 and cc = 1/√(9 dd).
+
+    Accepts x where log w < h(x) = x²/2 + dd(1 − v + log v), v = (1 + cc·x)³, first through
+    a squeeze w < 1 − κx⁴ that implies it, so the draws are exactly Marsaglia–Tsang's. With
+    y = cc·x, h = 3dd[log(1 + y) − y + y²/2 − y³/3] = −(3/4)dd·y⁴/(1 + ξ)⁴ (Lagrange, ξ
+    between 0 and y), so h ≥ −(4/27)x⁴/dd for y ≥ −½, and 1 + h ≤ eʰ: κ = 4/(27 dd) there,
+    which for large α (χ² of many degrees) leaves the logarithms to ~3κ of the draws instead
+    of Marsaglia–Tsang's 10 % (their κ = 0.0331, kept where it is the smaller)."""
+    kappa = min(0.0331, 4.0 / (27.0 * dd))
     while True:
         x, state = normal(state)
-        v = 1.0 + cc * x
+        y = cc * x
+        v = 1.0 + y
         if v <= 0.0:
             continue
         v = v * v * v
         w, state = uniform(state)
         x2 = x * x
-        if w < 1.0 - 0.0331 * x2 * x2 or math.log(w) < 0.5 * x2 + dd * (1.0 - v + math.log(v)):
+        if (y >= -0.5 and w < 1.0 - kappa * x2 * x2) or \
+                math.log(w) < 0.5 * x2 + dd * (1.0 - v + math.log(v)):
             return dd * v, state
 
 

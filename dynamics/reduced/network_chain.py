@@ -377,6 +377,12 @@ def _loss_moved(lam, lam_hat, w):
 
 
 @njit(cache=True, inline="always")
+def _clear_above(value, scale, level):
+    """``value`` more than :data:`SCREEN_TOL`·(1 + |scale|) above ``level``."""
+    return value - SCREEN_TOL * (1.0 + abs(scale)) > level
+
+
+@njit(cache=True, inline="always")
 def _loss_hit(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef, w, carried):
     """The loss stop rule after a step: the exact loss (overlaps recomputed from P, Z) at or
     below the level. ``carried``: w's overlaps were carried along (b = 1,
@@ -390,7 +396,7 @@ def _loss_hit(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef, w, carried):
         ref = w.lref
         if ref[2] > 0.0 and not hyp.train:
             low = ref[0] - ref[1] * _loss_moved(lam, lam_hat, w)
-            if low - SCREEN_TOL * (1.0 + abs(ref[0])) > hyp.stop_level:
+            if _clear_above(low, ref[0], hyp.stop_level):
                 return False
         near = _loss_of(hyp, lam, teacher_term, w.q, w.rr, lam_hat, coef)
         for j in range(w.q.shape[0]):
@@ -399,7 +405,7 @@ def _loss_hit(hyp, V, lam, teacher_term, P, Z, m, lam_hat, coef, w, carried):
             for i in range(w.rr.shape[0]):
                 w.r0[i, j] = w.rr[i, j]
         ref[0], ref[2] = near, 1.0
-        if near - SCREEN_TOL * (1.0 + abs(near)) > hyp.stop_level:
+        if _clear_above(near, near, hyp.stop_level):
             return False
     _overlaps(V, P, Z, m, w.q, w.rr)
     return _loss_of(hyp, lam, teacher_term, w.q, w.rr, lam_hat, coef) <= hyp.stop_level
@@ -724,17 +730,13 @@ def step_given(hyp, V, lam, P, Z, m, lam_hat, mask, xa, xe, lam_b, eps):
 
 @njit(cache=True)
 def _record(V, P, Z, m, lam_hat, rec, run, c):
-    k, t = V.shape
-    kp = P.shape[0]
-    for i in range(k):
-        for j in range(kp):
-            acc = 0.0
-            for q in range(t):
-                acc += V[i, q] * P[j, q]
-            rec.cross[run, c, i, j] = acc
-    for i in range(kp):
-        for j in range(kp):
-            rec.gram[run, c, i, j] = _row_gram(P, Z, m, i, j)
+    """Checkpoint c of ``run``: :func:`_overlaps` into the records (the Gram mirrored below
+    its diagonal) and λ̂."""
+    gram = rec.gram[run, c]
+    _overlaps(V, P, Z, m, gram, rec.cross[run, c])
+    for i in range(P.shape[0]):
+        for j in range(i):
+            gram[i, j] = gram[j, i]
         rec.lam_hat[run, c, i] = lam_hat[i]
 
 
