@@ -170,15 +170,17 @@ def measure(exe: str | None, repeats: int = 3, seconds: float = 2.0) -> dict:
         row["chain_over_full"] = _ratio(rates, "chain", "full")
         out["nn2pp"][f"K=M={width}"] = row
     rates = {d: [] for d in (100, 10_000, 1_000_000)}
-    for _ in range(repeats):
-        for d in rates:
+    for rep in range(repeats):  # the order alternates: a drift within a repeat cancels
+        for d in list(rates)[::1 if rep % 2 == 0 else -1]:
             rates[d].append(chain_rate(committee_config(d, 2, 10), (200_000, 2_000_000)))
     out["d_independence"] = {d: _median(v) for d, v in rates.items()}
     out["d_independence"]["ratio_1e6_over_1e2"] = _ratio(rates, 1_000_000, 100)
     rates = {"scratch_k4": [], "rank_one_k8": []}
-    for _ in range(repeats):
-        rates["scratch_k4"].append(chain_rate(claim2_config(10_000, 10), (50_000, 500_000)))
-        rates["rank_one_k8"].append(rank_one_rate(10_000, 8, (200_000, 2_000_000)))
+    for rep in range(repeats):
+        for key in list(rates)[::1 if rep % 2 == 0 else -1]:
+            rates[key].append(
+                chain_rate(claim2_config(10_000, 10), (50_000, 500_000)) if key == "scratch_k4"
+                else rank_one_rate(10_000, 8, (200_000, 2_000_000)))
     out["claim2_vs_rank_one"] = {key: _median(v) for key, v in rates.items()}
     out["claim2_vs_rank_one"]["cost_ratio"] = _ratio(rates, "rank_one_k8", "scratch_k4")
     return out
