@@ -294,6 +294,15 @@ def plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _read_results(files, flag, combine=list):
+    """``combine`` of the saved --out files; a missing, half-written or mismatched file is a
+    one-line error (exit status 1)."""
+    try:
+        return combine([json.loads(f.read_text()) for f in files])
+    except (OSError, ValueError, KeyError) as err:
+        sys.exit(f"theorem19.py {flag}: {type(err).__name__}: {err}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sigma", default="he3", choices=["he3", "he4"])
@@ -322,7 +331,9 @@ def main(argv=None) -> int:
                          "d) into --out with the fits over all d, draw --plot, and exit.")
     args = ap.parse_args(argv)
     if args.replot:
-        plot([json.loads(f.read_text()) for f in args.replot], args.plot)
+        if args.plot is None:
+            ap.error("--replot needs --plot")
+        plot(_read_results(args.replot, "--replot"), args.plot)
         return 0
     if args.finetune_scan:
         rows = finetune_scan(args.sigma, args.d, args.finetune_scan, args.runs, args.seed,
@@ -331,10 +342,7 @@ def main(argv=None) -> int:
             args.out.write_text(json.dumps(rows, indent=1, default=float) + "\n")
         return 0
     if args.merge:
-        try:
-            res = merged([json.loads(f.read_text()) for f in args.merge])
-        except (OSError, ValueError, KeyError) as err:  # a missing, half-written or other file
-            sys.exit(f"theorem19.py --merge: {type(err).__name__}: {err}")
+        res = _read_results(args.merge, "--merge", merged)
     else:
         res = measure(args.sigma, args.d, args.runs, args.c, args.c_ft, args.horizon,
                       args.seed, args.learners, args.ode_runs, args.ode_only)
