@@ -36,13 +36,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
-from tqdm import tqdm
 
 from .config import RunConfig
 from .engine_choice import choose_engine
 from .lazy import lazy_import
 from .learners import Problem, RunResult, get_learner
 from .learners.directions import initial_directions
+from .progress import progress_bar
 from .resolve import ResolvedRun, resolve_run
 from .sampling import NoiseSource, resolve_device, resolve_dtype
 from .trajectory import Trajectory, checkpoint_steps
@@ -260,7 +260,7 @@ class FullRun:
                             per_run={"auto": None, "per_run": True, "shared": False,
                                      "counter": True}[cfg.streams],
                             counter=cfg.streams == "counter") as noise, \
-                tqdm(total=cfg.steps, disable=not progress, unit="step") as bar:
+                progress_bar(cfg.steps, enabled=progress, unit="step", desc="SGD") as bar:
             schedule = iter_chunk_schedule(self.steps, noise.chunk_steps)
             chunked = getattr(learner, "step_chunk_", None)  # all of a chunk's steps at once
             norms = torch.empty((noise.chunk_steps, cfg.runs), dtype=self.dtype,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 
 import numpy as np
 
@@ -63,6 +64,8 @@ KERNEL_COST = {"closed": 1.0, "interpolated": 3.0, "mehler": 15.0}
 BAND_COST = 5.0
 BAND_STEP_S = 0.01  # and ≈ 0.01 s of Python per RK4 step for each group of runs (k = 8)
 POLYNOMIAL_TERMS = 16  # a Mehler series of at most this many terms costs as a closed form
+RATE_GROWTH = 1.5  # the drift's stiffness along the corrected ODE over its value at the start
+# (Fig. 3's setting, ReLU, ξ = √k: up to 1.3× at k = 50, 1.9× at k = 20)
 
 
 def theory_applies(config) -> bool:
@@ -102,25 +105,32 @@ def theory_records(config, instances: list[Instance], m0: np.ndarray,
     :func:`finite_d_applies`, also ``ode_corrected`` (``hermite.corrected_ode`` at the run's
     d, η and label noise, from each run's m₀) and the 10–90% ``band_lower``/``band_upper`` of
     ``hermite.theory_band`` (mixture over the group's m₀). ``start``: the runs' records at
-    step 0 (``coords``, ``c_hat``; module docstring).
+    step 0 (``coords``, ``c_hat``; module docstring). A line that fails numerically is
+    left out with why, the runs kept (:func:`_attempt`, :func:`finetune_theory`).
     """
     if not theory_applies(config):
         return finetune_theory(config, instances, m0, steps, start)
-    out = {"ode": record_theory(config, instances, m0, steps)}
-    if not finite_d_applies(config, instances[0].d):
-        return out
-
     shape = (len(instances), len(steps))
-    corr, lo, hi = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
-    steps = np.asarray(steps)
-    for inst, idx in group_runs(instances):
-        m0_g = np.asarray(m0)[idx]
-        corr[idx] = hermite.corrected_ode(inst, config.eta, inst.d, m0_g, steps,
-                                          label_noise=config.label_noise)
-        band = hermite.theory_band(inst, config.eta, inst.d, steps, m0=m0_g,
-                                   label_noise=config.label_noise)
-        lo[idx], hi[idx] = band.lower, band.upper
-    out.update(ode_corrected=corr, band_lower=lo, band_upper=hi)
+    failed = {}
+    ode = _attempt(failed, "ode", np.arange(len(instances)), record_theory, config, instances,
+                   m0, steps)
+    out = {"ode": np.full(shape, np.nan) if ode is None else ode}
+    if finite_d_applies(config, instances[0].d):
+        corr, lo, hi = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
+        steps = np.asarray(steps)
+        for inst, idx in group_runs(instances):
+            m0_g = np.asarray(m0)[idx]
+            line = _attempt(failed, "corrected", idx, hermite.corrected_ode, inst, config.eta,
+                            inst.d, m0_g, steps, label_noise=config.label_noise)
+            if line is not None:
+                corr[idx] = line
+            band = _attempt(failed, "band", idx, hermite.theory_band, inst, config.eta, inst.d,
+                            steps, m0=m0_g, label_noise=config.label_noise)
+            if band is not None:
+                lo[idx], hi[idx] = band.lower, band.upper
+        out.update(ode_corrected=corr, band_lower=lo, band_upper=hi)
+    if failed:
+        out["extra_attrs"] = {"ode": _reasons(failed)}
     return out
 
 
@@ -153,50 +163,68 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
     ``extra_attrs`` note. Where :func:`corrected_applies`, also the finite-d corrected ODE
     (``hermite.finetune_ode(corrected=True)``: the O(η²d) renormalisation drift at the runs'
     d, batch and label noise) as ``ode_corrected`` (and ``extra/ode_corrected_c_overlap``):
-    at η·d = O(1) the plain ODE is off by O(η·d), the corrected one is the line to read."""
+    at η·d = O(1) the plain ODE is off by O(η·d), the corrected one is the line to read.
+
+    A line over its budget or whose integration fails (:func:`_attempt`: overflow, NaN, a
+    stiff stretch) is left out, never the run: NaN for the runs it failed on (not recorded
+    where it failed on all), the reason in the ``ode`` dataset's attribute ``corrected`` or
+    ``band`` (the plain ODE's: ``no_theory``), likewise on ``extra/ode_c_overlap``, and a
+    note on stderr."""
     o = config.options
     steps = np.asarray(steps)
     shape = (len(instances), len(steps))
+    p0, mu0, c0 = finetune_start(config, instances, m0, start)
     corrected = corrected_applies(config, instances[0].d)
-    cost = corrected_seconds(config, instances, steps) if corrected else 0.0
-    skipped = None
+    rho = _start_rate(config, instances, p0, mu0, c0) if corrected else 0.0
+    cost = corrected_seconds(config, instances, steps, rho) if corrected else 0.0
+    why = {}  # attribute of ``ode`` (corrected, band, no_theory) → why that line is left out
     if cost > CORRECTED_BUDGET_S:
         corrected = False
-        skipped = (f"finite-d corrected ODE not recorded: ≈ {cost:.0f} s for {len(instances)} "
-                   f"runs > {CORRECTED_BUDGET_S:g} s (loradyn hermite ode --corrected gives "
-                   "it from chosen starts; fewer runs record it)")
-        print(f"note: {skipped}", file=sys.stderr)
+        why["corrected"] = (f"finite-d corrected ODE not recorded: ≈ {cost:.0f} s for "
+                            f"{len(instances)} runs > {CORRECTED_BUDGET_S:g} s (loradyn hermite "
+                            "ode --corrected gives it from chosen starts; fewer runs record it)")
+        print(f"note: {why['corrected']}", file=sys.stderr)
     ode, c_ode = np.full(shape, np.nan), np.full(shape, np.nan)
     corr, c_corr = np.full(shape, np.nan), np.full(shape, np.nan)
-    p0, mu0, c0 = finetune_start(config, instances, m0, start)
-    band, band_skipped = _joint_band_plan(config, instances, steps) if corrected else (None,
-                                                                                         None)
+    band, band_skipped = (_joint_band_plan(config, instances, steps, rho) if corrected
+                          else (None, None))
+    if band_skipped:
+        why["band"] = band_skipped
+    failed = {}
     for inst, idx in group_runs(instances):
         kw = dict(mu0=mu0[idx], p0=p0[idx], c_hat0=c0[idx], project=o.project,
                   joint_c=o.joint_c, eta_c=config.step_size_c, prox=o.prox)
-        sol = hermite.finetune_ode(inst, config.eta, steps, **kw)
-        ode[idx], c_ode[idx] = sol.m, sol.c_overlap
+        sol = _attempt(failed, "ode", idx, hermite.finetune_ode, inst, config.eta, steps, **kw)
+        if sol is not None:
+            ode[idx], c_ode[idx] = sol.m, sol.c_overlap
         if corrected:
-            sol = hermite.finetune_ode(inst, config.eta, steps, corrected=True, d=inst.d,
-                                       batch=config.batch, label_noise=config.label_noise,
-                                       **kw)
-            corr[idx], c_corr[idx] = sol.m, sol.c_overlap
+            sol = _attempt(failed, "corrected", idx, hermite.finetune_ode, inst, config.eta,
+                           steps, corrected=True, d=inst.d, batch=config.batch,
+                           label_noise=config.label_noise, **kw)
+            if sol is not None:
+                corr[idx], c_corr[idx] = sol.m, sol.c_overlap
         if band is not None:
             from hermite.finetune_band import joint_band
 
-            b = joint_band(inst, config.eta, inst.d, steps, mu0[idx], c0[idx],
-                           eta_c=config.step_size_c, label_noise=config.label_noise)
-            for key, edge in zip(band, (b.lower, b.upper, b.c_lower, b.c_upper), strict=True):
-                band[key][idx] = edge
+            b = _attempt(failed, "band", idx, joint_band, inst, config.eta, inst.d, steps,
+                         mu0[idx], c0[idx], eta_c=config.step_size_c,
+                         label_noise=config.label_noise)
+            if b is not None:
+                for key, edge in zip(band, (b.lower, b.upper, b.c_lower, b.c_upper),
+                                     strict=True):
+                    band[key][idx] = edge
+    why |= _reasons(failed)
+    corrected = corrected and np.isfinite(corr).any()
+    if band is not None and not np.isfinite(band["band_lower"]).any():
+        band = None
     eta_d = config.eta * instances[0].d
     plain = ("plain O(η) population ODE (hermite.finetune_ode): drops the O(η²d) finite-d "
              f"drift, so its gap to the SGD mean grows with η·d (here η·d = {eta_d:.3g})")
     fixed = (f"finite-d corrected population ODE (hermite.finetune_ode, corrected=True): the "
              f"O(η) drift plus the O(η²d) renormalisation drift at d = {instances[0].d}, "
              f"b = {config.batch}, label noise {config.label_noise:g} (η·d = {eta_d:.3g})")
-    out = {"ode": ode, "extra_attrs": {"ode": {"note": plain, "ode": "plain"}}, "extra": {}}
-    if skipped:
-        out["extra_attrs"]["ode"]["corrected"] = skipped
+    out = {"ode": ode, "extra_attrs": {"ode": {"note": plain, "ode": "plain"} | why},
+           "extra": {}}
     if corrected:
         out["ode_corrected"] = corr
         out["extra_attrs"]["ode_corrected"] = {"note": fixed, "ode": "corrected"}
@@ -211,12 +239,10 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
         for key in band:
             out["extra_attrs"][key] = {"note": note + ("; of ⟨ĉ, c⟩/‖ĉ‖‖c‖" if "_c_" in key
                                                        else "; of ⟨û, u⟩")}
-    elif band_skipped:
-        out["extra_attrs"]["ode"]["band"] = band_skipped
     if o.joint_c:
         out["extra"]["ode_c_overlap"] = c_ode
         out["extra_attrs"]["ode_c_overlap"] = {
-            "note": plain + "; ⟨û, u⟩ of the same ODE is `ode`", "ode": "plain"}
+            "note": plain + "; ⟨û, u⟩ of the same ODE is `ode`", "ode": "plain"} | why
         if corrected:
             out["extra"]["ode_corrected_c_overlap"] = c_corr
             out["extra_attrs"]["ode_corrected_c_overlap"] = {
@@ -225,10 +251,44 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
     return out
 
 
-def _joint_band_plan(config, instances: list[Instance], steps):
+LINES = {"ode": "population ODE", "corrected": "finite-d corrected ODE",
+         "band": "linear-noise band"}  # the theory lines of a run, as notes name them
+
+
+def _attempt(failed: dict, line: str, idx, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, or None where it fails numerically (an ArithmeticError or
+    ValueError: overflow, NaN, a stiff stretch, a solver failure), appending why to
+    ``failed[line]``: a theory line that fails is left out, the runs and the other lines are
+    kept."""
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return fn(*args, **kwargs)
+    except (ArithmeticError, ValueError) as exc:
+        runs = f"runs {idx[0]}…{idx[-1]}" if len(idx) > 1 else f"run {idx[0]}"
+        failed.setdefault(line, []).append(f"{runs}: {exc}")
+        return None
+
+
+def _reasons(failed: dict) -> dict:
+    """{attribute of ``ode``: one line} for the lines of ``failed`` (:func:`_attempt`): which
+    theory line is left out and why (the first failure, then a count), each also a note on
+    stderr; the attribute is the line's (``corrected``, ``band``), ``no_theory`` for ``ode``
+    itself."""
+    out = {}
+    for line, where in failed.items():
+        more = f"; {len(where) - 1} more run groups failed" if len(where) > 1 else ""
+        text = f"{LINES[line]} left out: its integration failed ({where[0]}){more}"
+        out["no_theory" if line == "ode" else line] = text
+        print(f"note: {text}", file=sys.stderr)
+    return out
+
+
+def _joint_band_plan(config, instances: list[Instance], steps, rho: float = 0.0):
     """({band key: NaN (R, C) array to fill}, None) where the joint band is recorded beside
     the corrected ODE, (None, why not) where its estimate is over the budget, (None, None)
-    where it is not derived (:func:`hermite.finetune_band.joint_band_applies`)."""
+    where it is not derived (:func:`hermite.finetune_band.joint_band_applies`); ``rho``: as
+    in :func:`corrected_seconds`."""
     from hermite.finetune_band import BAND_NODES, joint_band_applies
 
     from .losses import pair_kernel
@@ -244,8 +304,8 @@ def _joint_band_plan(config, instances: list[Instance], steps):
         return None, None
     groups = len(list(group_runs(instances)))
     nodes = instances[: min(len(instances), BAND_NODES * groups)]
-    cost = (corrected_seconds(config, nodes, steps) * (BAND_COST + instances[0].k)
-            + groups * _rk4_steps(config, steps) * BAND_STEP_S)
+    cost = (corrected_seconds(config, nodes, steps, rho) * (BAND_COST + instances[0].k)
+            + groups * _rk4_steps(config, steps, rho) * BAND_STEP_S)
     if cost > CORRECTED_BUDGET_S:
         why = (f"joint linear-noise band not recorded: ≈ {cost:.0f} s > "
                f"{CORRECTED_BUDGET_S:g} s (hermite.finetune_band.joint_band gives it)")
@@ -256,23 +316,44 @@ def _joint_band_plan(config, instances: list[Instance], steps):
     return {key: np.full(shape, np.nan) for key in keys}, None
 
 
-def corrected_seconds(config, instances: list[Instance], steps) -> float:
+def corrected_seconds(config, instances: list[Instance], steps, rho: float = 0.0) -> float:
     """Estimated seconds of the corrected ODE of every run (``CORRECTED_SECONDS`` per run,
-    RK4 step and row; RK4 steps of η·Δt = ``hermite.finetune_population.FLOW_STEP``)."""
+    RK4 step and row; RK4 steps: :func:`_rk4_steps`, ``rho`` the drift's stiffness at the
+    runs' starts, :func:`_start_rate`; 0: steps of ``FLOW_STEP`` only)."""
     o = config.options
-    rk4 = _rk4_steps(config, steps)
+    rk4 = _rk4_steps(config, steps, rho)
     k = instances[0].k
     per = CORRECTED_SECONDS["projected" if o.project else "unprojected"] * (1.0 + k / 32.0)
     return len(instances) * rk4 * k * per * KERNEL_COST[_kernel_kind(instances[0])]
 
 
-def _rk4_steps(config, steps) -> int:
-    """RK4 steps of the corrected ODE to ``max(steps)`` (η·Δt =
-    ``hermite.finetune_population.FLOW_STEP``)."""
-    from hermite.finetune_population import FLOW_STEP
+def _rk4_steps(config, steps, rho: float = 0.0) -> int:
+    """RK4 steps of the corrected ODE to ``max(steps)``: η·Δt ≤
+    ``hermite.finetune_population.FLOW_STEP`` and Δt·ρ ≤ ``FLOW_RATE`` with ρ =
+    ``RATE_GROWTH``·``rho`` (the stiffness per SGD step at the start)."""
+    from hermite.finetune_population import FLOW_RATE, FLOW_STEP
 
     rate = max(config.eta, config.step_size_c if config.options.joint_c else 0.0)
-    return math.ceil(float(np.max(steps)) * rate / FLOW_STEP)
+    per_step = max(rate / FLOW_STEP, RATE_GROWTH * rho / FLOW_RATE)
+    return math.ceil(float(np.max(steps)) * per_step)
+
+
+def _start_rate(config, instances: list[Instance], p0, mu0, c0) -> float:
+    """ρ of the corrected ODE at the starts of the first run group's first 4 runs
+    (:func:`hermite.finetune_population.drift_rate`, per SGD step; 0 where it fails)."""
+    from hermite.finetune_population import drift_rate
+
+    o = config.options
+    inst, idx = group_runs(instances)[0]
+    idx = idx[:4]
+    model = hermite.FinetuneModel(inst, config.eta, project=o.project, joint_c=o.joint_c,
+                                  eta_c=config.step_size_c, prox=o.prox)
+    try:
+        with np.errstate(all="ignore"):
+            rho = drift_rate(model, p0[idx], mu0[idx], c0[idx])
+    except (ArithmeticError, ValueError):  # the integration says why (finetune_theory)
+        return 0.0
+    return rho if math.isfinite(rho) else 0.0
 
 
 def _kernel_kind(inst: Instance) -> str:

@@ -19,7 +19,8 @@ O(η²); the covariance contains, besides η²Cov(g(a − sμ), ∂ℓ/∂ĉ), t
 fluctuation η⁴Var(g²ρ²)μ²/4 and its cross terms, which are of the same order when η·d = O(1).
 
 LNA (as :mod:`hermite.lna` does for μ alone). Along the corrected ODE's path ȳ(t) (its RK4,
-:func:`hermite.finetune_population._rk4`, steps of η·Δt = ``FLOW_STEP``) the covariance obeys
+:class:`hermite.finetune_population.CorrectedFlow`: η·Δt ≤ ``FLOW_STEP``, Δt·ρ ≤
+``FLOW_RATE``) the covariance obeys
 dΣ/dt = JΣ + ΣJᵀ + V(ȳ) per SGD step, J the Jacobian of the corrected drift (central
 differences of width ``JACOBIAN_STEP``; the QMC average is piecewise smooth in the state for a
 kinked σ, so the width is kept well above the points' spacing). Over an RK4 step of h SGD
@@ -43,14 +44,7 @@ import numpy as np
 import scipy.stats
 
 from ._activation import resolve_activation
-from .finetune_population import (
-    FLOW_STEP,
-    FinetuneModel,
-    SecondMoment,
-    _corrected_flow,
-    _rhs,
-    rk4_step,
-)
+from .finetune_population import CorrectedFlow, FinetuneModel, SecondMoment, _rhs
 from .lna import _mixture_quantile
 
 __all__ = ["StepMoments", "JointBand", "joint_band", "joint_band_applies", "STEP_POINTS",
@@ -58,7 +52,7 @@ __all__ = ["StepMoments", "JointBand", "joint_band", "joint_band_applies", "STEP
 
 STEP_POINTS = 2**12  # scrambled Sobol′ points of the step's mean and covariance
 JACOBIAN_STEP = 1e-3  # central-difference width of J (state coordinates are O(1))
-JACOBIAN_EVERY = 4  # RK4 steps between refreshes of J (η·Δt = 0.16: J varies on η·Δt ~ 1)
+JACOBIAN_EVERY = 4  # RK4 steps between refreshes of J (η·Δt ≤ 0.16: J varies on η·Δt ~ 1)
 BAND_NODES = 16  # start nodes of the mixture when there are more runs
 
 
@@ -201,9 +195,8 @@ def joint_band(instance, eta, d, steps, mu0, c_hat0, *, eta_c=None, label_noise=
     mu, ch = start_nodes(mu0, c_hat0, nodes)
     second = SecondMoment(model, d, 1, label_noise)
     moments = StepMoments(model, d, label_noise)
-    fun, before = _corrected_flow(model, ch, second)
+    flow = CorrectedFlow(model, ch, second)
     full = _rhs(model, ch, second)  # the coefficient recomputed at every state (for J)
-    h_max = FLOW_STEP / max(model.eta, model.eta_c)
     y = model.pack(np.zeros((mu.size, model.k)), mu, ch)
     nodes_n, dim = y.shape
     cov = np.zeros((nodes_n, dim, dim))
@@ -211,11 +204,8 @@ def joint_band(instance, eta, d, steps, mu0, c_hat0, *, eta_c=None, label_noise=
     t, n_step, jac = 0.0, 0, None
     for j, target in enumerate(ck):
         while t < target:
-            dt = min(h_max, target - t)
-            flat = y.ravel()
-            before(t, flat, dt)
-            new, k1 = rk4_step(fun, t, flat, dt)
-            mid = (flat + 0.5 * dt * k1).reshape(nodes_n, dim)
+            new, dt, mid = flow.step(t, y.ravel(), target - t)
+            mid = mid.reshape(nodes_n, dim)
             if n_step % JACOBIAN_EVERY == 0:
                 jac = _jacobian(full, mid)
             n_step += 1
@@ -225,7 +215,7 @@ def joint_band(instance, eta, d, steps, mu0, c_hat0, *, eta_c=None, label_noise=
             a = ah @ ah
             cov = a @ cov @ a.transpose(0, 2, 1) + dt * (ah @ v @ ah.transpose(0, 2, 1))
             y = new.reshape(nodes_n, dim)
-            t = t + dt if target - t > h_max else float(target)
+            t = float(target) if dt >= target - t else t + dt
         means[:, j], covs[:, j] = y, cov
     lower, upper, c_lower, c_upper = _readout_bands(model, means, covs, quantiles)
     return JointBand(ck, lower, upper, c_lower, c_upper, means, covs, tuple(quantiles))

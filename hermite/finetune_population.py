@@ -57,7 +57,16 @@ d − k − 2 (it enters linearly) — randomised quasi-Monte Carlo on fixed scr
 points (common random numbers, so the corrected drift is a smooth function of the state).
 It is the renormalisation drift of docs/theory/finite-d.md (its ``second_order`` method) in
 every regime; the projected/frozen/unit path keeps the exact-drift corrected map of
-:mod:`hermite.corrected_ode`.
+:mod:`hermite.corrected_ode`. The QMC average jumps where a kinked σ′ does, which defeats
+step-size control: the corrected ODE is integrated by RK4 (:class:`CorrectedFlow`) with
+steps η·Δt ≤ ``FLOW_STEP`` and Δt·ρ ≤ ``FLOW_RATE``, ρ the largest |eigenvalue| of the
+drift's Jacobian. The O(η) drift is stiff where ξ²k is large: ĉ's Hessian scales with ξ²
+(ĉⱼ moves row j by ξĉⱼû), and along ≈ λ/N³ (N the student rows' norms) the k rows add up
+through the mean of σ′, ρ ≈ 2ξ²k E[σ′]² η/N² — for ReLU at ξ = √k 0.25–0.35 k²η (k = 8, 20,
+50: 14, 100–190, 700–900 η). RK4 at a fixed η·Δt = 0.04 is stable only for ρΔt < 2.79: beyond,
+that mode grows by |R(−ρΔt)| per step (k = 50: 2·10⁴–6·10⁴) until the kernels overflow
+(Fig. 3 at full size) or, where the rows' normalisation caps it, the flow lands elsewhere
+without a warning (Fig. 3 quick, k = 20).
 """
 
 from __future__ import annotations
@@ -77,7 +86,7 @@ from .kernels import dual_kernel, dual_kernel_derivative
 
 __all__ = ["PairKernel", "FinetuneModel", "FinetuneODE", "finetune_ode",
            "finetune_steps_to_reach", "finetune_ode_kind", "HOMOGENEOUS_DEGREE", "MEHLER_TERMS",
-           "MEHLER_NODES", "rk4_step"]
+           "MEHLER_NODES", "CorrectedFlow", "drift_rate", "rk4_step"]
 
 HOMOGENEOUS_DEGREE = {"relu": 1, "abs": 1, "linear": 1, "quadratic": 2}
 MEHLER_TERMS = 160  # Hermite degrees kept for a smooth σ without a closed form (non-unit rows)
@@ -85,10 +94,19 @@ MEHLER_NODES = 240  # Gauss–Hermite nodes of the 1-D coefficients βₙ(q) (se
 QMC_POINTS = 2**11  # scrambled Sobol′ points of the finite-d second moment
 _QMC_BLOCK = 4_000_000  # elements (runs × points × k) per vectorised block
 STILL = 1e-11  # |drift|/η below which the flow counts as settled (hitting times: inf)
-FLOW_STEP = 0.04  # η·Δt of one RK4 step of the corrected ODE; its O(η²d) coefficient is held
-# at the step's predicted midpoint (measured, ReLU, k = 8, d = 2000, joint ĉ, η·d = 1, 12/η
+FLOW_STEP = 0.04  # largest η·Δt of one RK4 step of the corrected ODE; its O(η²d) coefficient is
+# held at the step's predicted midpoint (measured, ReLU, k = 8, d = 2000, joint ĉ, η·d = 1, 12/η
 # steps: 6.7e-5 in ⟨û, u⟩, 6e-6 in ⟨ĉ, c⟩ from the η·Δt = 0.0025 solution; held at the
 # step's start, as before, 0.04 was 9e-4 from 0.01)
+FLOW_RATE = 0.5  # and Δt·ρ ≤ FLOW_RATE, ρ the largest |eigenvalue| of the drift's Jacobian:
+# a factor 5.6 inside RK4's stability limit 2.79, and short enough for the held coefficient to
+# follow ĉ's fast relaxation (measured, ReLU, ξ = √k, joint ĉ, projected, m₀ = ±0.3: k = 20,
+# η·d = 0.01: 2.2e-4 in ⟨û, u⟩ from the Δt·ρ ≤ 0.125 solution; k = 50, η·d = 0.004: 4e-5 in
+# ⟨û, u⟩, 2.4e-3 in ⟨ĉ, c⟩ from RK4 with the coefficient at every stage; at Δt·ρ ≤ 1 five
+# times that, at 2 the k = 50 flow is 0.3 off)
+FLOW_MAX_STEPS = 100_000  # RK4 steps of one corrected integration: more is a stiff stretch
+RATE_ITERATIONS = 12  # power iterations for ρ at the first step (then one per step, warm)
+JV_STEP = 1e-6  # finite-difference width of a Jacobian–vector product (unit directions)
 SPHERE_TOL = 1e-5  # ‖p‖² + μ² ≤ 1 + tol (a float32 start); renormalised onto the sphere
 
 
@@ -371,6 +389,11 @@ class FinetuneModel:
         dc = -self.eta_c * gc if self.joint_c else np.zeros_like(gc)
         return -self.eta * gp, -self.eta * gmu, dc
 
+    @property
+    def rate(self) -> float:
+        """The fastest step size of the state: max(η, η_c if ĉ is trained)."""
+        return max(self.eta, self.eta_c if self.joint_c else 0.0)
+
     # -- packing of the ODE state y = (p if unprojected, μ, ĉ if joint)
     @property
     def dim(self) -> int:
@@ -599,8 +622,12 @@ def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=Non
         ``label_noise`` do not change it).
     rtol, atol, method : ``solve_ivp``'s (default BDF with the runs' block-diagonal
         Jacobian pattern: near the teacher a kinked σ makes the flow stiff; "DOP853" for a
-        reference). The corrected ODE uses fixed-step RK4 (``FLOW_STEP``).
+        reference). The corrected ODE uses RK4 (:class:`CorrectedFlow`: η·Δt ≤
+        ``FLOW_STEP``, Δt·ρ ≤ ``FLOW_RATE``).
     chunk : runs per ``solve_ivp`` call are limited to about chunk / k² (memory).
+
+    A flow that leaves the finite numbers, a solver failure or a stiff stretch the corrected
+    flow cannot cross (``FLOW_MAX_STEPS``) is an ArithmeticError.
     """
     from .ode import check_steps
 
@@ -642,18 +669,25 @@ def _rhs(model, ch0, second, frozen=None):
     return fun
 
 
+def _block_sparsity(runs: int, dim: int) -> scipy.sparse.csr_matrix:
+    """The Jacobian's sparsity: ``runs`` dense ``dim`` × ``dim`` blocks on the diagonal (built
+    from indices: ``scipy.sparse.block_diag`` warns of its change of return type from 1.18)."""
+    idx = np.arange(runs * dim).reshape(runs, dim)
+    rows = np.repeat(idx, dim, axis=1).ravel()
+    cols = np.tile(idx, (1, dim)).ravel()
+    return scipy.sparse.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(runs * dim,) * 2)
+
+
 def _integrate(model, p0, mu0, ch0, ck, second, rtol, atol, method="BDF"):
     runs, cps = mu0.size, ck.size
     y0 = model.pack(p0, mu0, ch0).ravel()
     if ck[-1] == 0.0:
         ys = np.repeat(y0[:, None], cps, axis=1)
-    elif second is not None:  # a QMC drift is piecewise constant for kinked σ: fixed steps
-        fun, before = _corrected_flow(model, ch0, second)
-        ys = _rk4(fun, y0, ck, FLOW_STEP / max(model.eta, model.eta_c if model.joint_c else 0.0),
-                  before)
+    elif second is not None:  # a QMC drift is piecewise constant for kinked σ: RK4 (ρ's steps)
+        ys = CorrectedFlow(model, ch0, second).solve(y0, ck)
     else:  # BDF: near the teacher ρᵢᵢ → 1 and a kinked σ's K″ blows up (stiff); the
         # Jacobian is block-diagonal over runs, so it costs `dim` evaluations
-        block = scipy.sparse.block_diag([np.ones((model.dim, model.dim))] * runs, format="csr")
+        block = _block_sparsity(runs, model.dim)
         sol = scipy.integrate.solve_ivp(_rhs(model, ch0, second), (0.0, float(ck[-1])), y0,
                                         method=method, t_eval=ck, rtol=rtol, atol=atol,
                                         **({"jac_sparsity": block} if method in (
@@ -661,25 +695,104 @@ def _integrate(model, p0, mu0, ch0, ck, second, rtol, atol, method="BDF"):
         if not sol.success:
             raise ArithmeticError(f"finetune_ode: the solver failed ({sol.message})")
         ys = sol.y
+    if not np.all(np.isfinite(ys)):
+        raise ArithmeticError("finetune_ode: the flow left the finite numbers")
     ys = ys.reshape(runs, model.dim, cps).transpose(0, 2, 1)  # (R, C, dim)
     flat = ys.reshape(runs * cps, model.dim)
     p, mu, ch = model.unpack(flat, np.repeat(ch0, cps, axis=0))
     return p.reshape(runs, cps, -1), mu.reshape(runs, cps), ch.reshape(runs, cps, -1)
 
 
-def _corrected_flow(model, ch0, second):
-    """(fun, before) of the corrected ODE's RK4: ``before(t, y, dt)`` sets the O(η²d)
-    coefficient E‖Ḡ_T‖² held over the step to its value at the step's midpoint, predicted
-    by an Euler half step with the previous coefficient (the first step: at y), so that the
-    flow is second order in the step (a QMC average is costly; one per step)."""
-    frozen = [None]
-    fun = _rhs(model, ch0, second, frozen)
+def _power_rate(fun, y, f0, vec, iterations):
+    """(ρ, vec): the largest |eigenvalue| of the Jacobian J of ``fun`` at the packed states
+    ``y`` over the runs' blocks, by ``iterations`` power iterations on the finite-difference
+    products Jv ≈ (fun(y + εv) − f0)/ε (ε = ``JV_STEP``) from the unit rows ``vec`` (R, dim)
+    (J is block-diagonal over runs: one evaluation per iteration); vec: the last iterates."""
+    runs = vec.shape[0]
+    norm = np.zeros(runs)
+    for _ in range(iterations):
+        jv = ((fun(0.0, y + JV_STEP * vec.ravel()) - f0) / JV_STEP).reshape(runs, -1)
+        norm = np.linalg.norm(jv, axis=1)
+        vec = np.where(norm[:, None] > 0.0, jv / np.maximum(norm, 1e-300)[:, None], vec)
+    return float(np.max(norm)), vec
 
-    def before(t, y, dt):
-        mid = y + 0.5 * dt * fun(t, y)
-        frozen[0] = second(*model.unpack(mid, ch0))
 
-    return fun, before
+def _unit_rows(runs, dim):
+    """Fixed pseudo-random unit vectors (R, dim): the power iteration's start."""
+    vec = np.random.default_rng(0).standard_normal((runs, dim))
+    return vec / np.linalg.norm(vec, axis=1, keepdims=True)
+
+
+def drift_rate(model: FinetuneModel, p, mu, ch) -> float:
+    """ρ per SGD step: the largest |eigenvalue| of the O(η) drift's Jacobian at the states
+    (R, ·) over the runs (``RATE_ITERATIONS`` power iterations); the corrected ODE's RK4
+    takes Δt ≤ ``FLOW_RATE``/ρ (:class:`CorrectedFlow`)."""
+    p, mu, ch = _as_state(p, mu, ch, model.k)
+    y = model.pack(p, mu, ch).ravel()
+    fun = _rhs(model, ch, None)
+    return _power_rate(fun, y, fun(0.0, y), _unit_rows(mu.size, model.dim),
+                       RATE_ITERATIONS)[0]
+
+
+class CorrectedFlow:
+    r"""The corrected ODE's RK4, step by step (packed states of the runs of ``ch0``).
+
+    The O(η²d) coefficient E‖Ḡ_T‖² is held over each step at its value at the step's midpoint,
+    predicted by an Euler half step with the previous coefficient (the first step: at y), so
+    the flow is second order in the step with one QMC average per step. The step is
+    η·Δt ≤ ``FLOW_STEP`` and Δt·ρ ≤ ``FLOW_RATE``, ρ the largest |eigenvalue| of the drift's
+    Jacobian over the runs (:func:`_power_rate`, one iteration per step from the last
+    step's vectors): the O(η) drift is stiff where ξ²k is large (ĉ's stiffest direction,
+    ≈ λ/N³, relaxes at ρ ≈ 0.25–0.35k²η for ReLU at ξ = √k), and a fixed η·Δt beyond RK4's
+    stability limit ρΔt = 2.79 amplifies it by |R(−ρΔt)| > 1 per step until the kernels
+    overflow (module docstring, docs/theory/joint-c.md). More than ``FLOW_MAX_STEPS`` steps,
+    or a state that is not finite, is an ArithmeticError (a stiff stretch the explicit flow
+    cannot cross).
+    """
+
+    def __init__(self, model: FinetuneModel, ch0, second):
+        self.model, self.ch0, self.second = model, ch0, second
+        self.frozen = [None]
+        self.fun = _rhs(model, ch0, second, self.frozen)
+        self.h_max = FLOW_STEP / model.rate
+        self.vec, self.taken = None, 0
+
+    def step(self, t, y, dt_max):
+        """One RK4 step from (t, y) of at most ``dt_max`` SGD steps: (y after it, its length
+        Δt, the midpoint y + (Δt/2)k₁ with k₁ the slope at y)."""
+        model, ch0 = self.model, self.ch0
+        if self.frozen[0] is None:
+            self.frozen[0] = self.second(*model.unpack(y, ch0))
+        f0 = self.fun(t, y)
+        if self.vec is None:
+            rho, self.vec = _power_rate(self.fun, y, f0, _unit_rows(ch0.shape[0], model.dim),
+                                        RATE_ITERATIONS)
+        else:
+            rho, self.vec = _power_rate(self.fun, y, f0, self.vec, 1)
+        dt = min(dt_max, self.h_max, FLOW_RATE / rho if rho > 0.0 else math.inf)
+        self.frozen[0] = self.second(*model.unpack(y + 0.5 * dt * f0, ch0))
+        new, k1 = rk4_step(self.fun, t, y, dt)
+        self.taken += 1
+        if not np.all(np.isfinite(new)):
+            raise ArithmeticError(f"the corrected ODE left the finite numbers at η·t = "
+                                  f"{model.eta * t:.3g}")
+        if self.taken > FLOW_MAX_STEPS:
+            raise ArithmeticError(
+                f"the corrected ODE is too stiff to follow: over {FLOW_MAX_STEPS} RK4 steps "
+                f"by η·t = {model.eta * t:.3g} (largest |eigenvalue| of the drift's Jacobian "
+                f"ρ = {rho / model.eta:.3g}·η)")
+        return new, dt, y + 0.5 * dt * k1
+
+    def solve(self, y0, ck):
+        """(y.size, C) states at the checkpoints ``ck`` (every step lands on them)."""
+        out = np.empty((y0.size, ck.size))
+        y, t = y0.copy(), 0.0
+        for j, target in enumerate(ck):
+            while t < target:
+                y, dt, _ = self.step(t, y, target - t)
+                t = float(target) if dt >= target - t else t + dt
+            out[:, j] = y
+        return out
 
 
 def rk4_step(fun, t, y, dt):
@@ -689,23 +802,6 @@ def rk4_step(fun, t, y, dt):
     k3 = fun(t, y + 0.5 * dt * k2)
     k4 = fun(t, y + dt * k3)
     return y + dt * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0, k1
-
-
-def _rk4(fun, y0, ck, h, before=None):
-    """Classical RK4 with steps ≤ h (in SGD steps) landing on every checkpoint (the corrected
-    drift: its QMC average jumps where a kinked σ′ does, which defeats step control);
-    ``before(t, y, dt)`` runs at the start of each step."""
-    out = np.empty((y0.size, ck.size))
-    y, t = y0.copy(), 0.0
-    for j, target in enumerate(ck):
-        while t < target:
-            dt = min(h, target - t)
-            if before is not None:
-                before(t, y, dt)
-            y = rk4_step(fun, t, y, dt)[0]
-            t = t + dt if target - t > h else float(target)
-        out[:, j] = y
-    return out
 
 
 def finetune_steps_to_reach(instance, eta, level, *, m0=None, mu0=None, p0=None, c_hat0=None,
@@ -744,7 +840,7 @@ def finetune_steps_to_reach(instance, eta, level, *, m0=None, mu0=None, p0=None,
             out[r] = math.inf  # a projected û never gets beyond u_perp
             continue
         fun = _rhs(model, ch, None)
-        rate = max(model.eta, model.eta_c if model.joint_c else 0.0)
+        rate = model.rate
 
         def event(_t, y):
             return overlap(y) - level
@@ -763,18 +859,18 @@ def finetune_steps_to_reach(instance, eta, level, *, m0=None, mu0=None, p0=None,
 
 
 def _rk4_crossing(model, ch, second, y0, overlap, level, max_steps) -> float:
-    """First time the corrected flow's |m| reaches ``level`` (RK4 as in :func:`_rk4`)."""
-    fun, before = _corrected_flow(model, ch, second)
-    h = FLOW_STEP / max(model.eta, model.eta_c if model.joint_c else 0.0)
-    y, t, prev, stall = y0.copy(), 0.0, overlap(y0), 0
+    """First time the corrected flow's |m| reaches ``level`` (:class:`CorrectedFlow`, the
+    crossing interpolated linearly within its step); inf after no progress over 100/rate
+    steps (a fixed point short of the level)."""
+    flow = CorrectedFlow(model, ch, second)
+    y, t, prev, still = y0.copy(), 0.0, overlap(y0), 0.0
     while t < max_steps:
-        before(t, y, h)
-        new = rk4_step(fun, t, y, h)[0]
+        new, dt, _ = flow.step(t, y, max_steps - t)
         cur = overlap(new)
         if cur >= level:
-            return t + h * (level - prev) / (cur - prev)
-        stall = stall + 1 if cur - prev < 1e-12 else 0
-        if stall > 2_500:  # no progress over 100/η steps: a fixed point short of the level
+            return t + dt * (level - prev) / (cur - prev)
+        still = still + dt if cur - prev < 1e-12 else 0.0
+        if still * model.rate > 100.0:
             return math.inf
-        y, t, prev = new, t + h, cur
+        y, t, prev = new, t + dt, cur
     return math.inf

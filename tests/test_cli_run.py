@@ -51,7 +51,7 @@ def test_run_options_reach_the_config(runner):
     args = ["run", "spec.toml", *FAST, "--no-project", "--batch", "2", "--label-noise", "0.1",
             "--init", "aligned", "--spacing", "linear", "--xi", "0.5", "--xi", "2",
             "--instance-seeds", "per_run", "--dtype", "float32", "--seed", "4",
-            "--eta-c", "0.01", "--joint-c", "--out", "o.h5"]
+            "--eta-c", "0.01", "--joint-c", "--engine", "full", "--out", "o.h5"]
     assert _run(runner, *args).exit_code == 0
     res = _run(runner, "show", "o.h5", "--json")
     info = json.loads(res.output)
@@ -68,6 +68,19 @@ def test_default_eta_and_steps(runner):
     res = _run(runner, "run", "spec.toml", "--runs", "2", "--out", "d.h5")
     assert res.exit_code == 0, res.output
     assert "(default)" in res.output and "steps = " in res.output
+
+
+def test_the_default_engine_is_auto_and_the_summary_names_it(runner):
+    """No --engine: the exact chain where the learner has one, the full engine (with the
+    reason) where not; the file records the engine that ran."""
+    res = _run(runner, "run", "spec.toml", *FAST, "--out", "a.h5")
+    assert res.exit_code == 0, res.output
+    assert "engine reduced;" in res.output
+    assert json.loads(_run(runner, "show", "a.h5", "--json").output)["engine"] == "reduced"
+    res = _run(runner, "run", "spec.toml", *FAST, "--learner", "moment", "--out", "m.h5")
+    assert res.exit_code == 0, res.output
+    assert "engine full (auto: " in res.output and "'moment' has no exact" in res.output
+    assert json.loads(_run(runner, "show", "m.h5", "--json").output)["engine"] == "full"
 
 
 @pytest.mark.parametrize(("args", "message"), [

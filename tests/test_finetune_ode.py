@@ -305,6 +305,45 @@ def test_corrected_flow_converges_in_its_step():
     assert np.abs(coarse.m[:, -1]).min() > 0.3  # the flow moved: the check is not vacuous
 
 
+def test_stiff_corrected_flow_is_stable_and_matches_an_implicit_integrator(monkeypatch):
+    """Issue 40: Fig. 3's regime (ReLU, ξ = √k, joint ĉ, projected, unit rows) at the smallest
+    k whose corrected ODE overflowed with the fixed step η·Δt = 0.04 (k = 30, d = 40, η·d =
+    0.004: ĉ's Jacobian eigenvalue ρ ≈ 250η puts ρΔt ≈ 10 beyond RK4's 2.79). The step
+    bounded by Δt·ρ ≤ FLOW_RATE follows it to within 1e-4 of BDF (rtol 1e-7) on the same
+    corrected drift with its QMC coefficient recomputed at every state."""
+    import scipy.integrate
+    import scipy.sparse
+
+    import hermite.finetune_population as fp
+    from sims.experiments.figures.recipe import unit_row_instance
+
+    k, d = 30, 40
+    inst = build_instance(unit_row_instance("relu", d, k, math.sqrt(k)))
+    eta = 0.004 / d
+    steps = np.linspace(0, 0.2 / eta, 5)
+    kw = dict(mu0=np.array([0.3]), project=True, joint_c=True, corrected=True, d=d)
+    model = FinetuneModel(inst, eta, project=True, joint_c=True)
+    rho = fp.drift_rate(model, None, [0.3], inst.c_hat)
+    assert rho * fp.FLOW_STEP / eta > 9.0  # the former step, far outside RK4's 2.79
+    with monkeypatch.context() as m:  # the former fixed step: overflow
+        m.setattr(fp, "FLOW_RATE", math.inf)
+        with np.errstate(all="ignore"), pytest.raises((ValueError, ArithmeticError)):
+            hermite.finetune_ode(inst, eta, steps, **kw)
+    with np.errstate(over="raise", invalid="raise"):
+        sol = hermite.finetune_ode(inst, eta, steps, **kw)
+    y0 = model.pack(np.zeros((1, k)), np.array([0.3]), inst.c_hat[None])
+    block = scipy.sparse.csr_matrix(np.ones((model.dim, model.dim)))
+    ref = scipy.integrate.solve_ivp(fp._rhs(model, inst.c_hat[None], SecondMoment(model, d)),
+                                    (0.0, steps[-1]), y0.ravel(), method="BDF", t_eval=steps,
+                                    rtol=1e-7, atol=1e-11, jac_sparsity=block)
+    assert ref.success
+    c_ref = ref.y[1:] / np.linalg.norm(ref.y[1:], axis=0)
+    np.testing.assert_allclose(sol.m[0], ref.y[0] * model.u_perp, atol=1e-4)
+    np.testing.assert_allclose(sol.c_overlap[0], inst.c @ c_ref / np.linalg.norm(inst.c),
+                               atol=1e-4)
+    assert sol.m[0, -1] > 0.95  # the flow moved: û aligned, the check is not vacuous
+
+
 # ---------------------------------------------------------------- the ODE against the chain
 def test_plain_ode_gap_to_the_exact_chain_shrinks_with_eta_d():
     """Joint ĉ, unprojected û, u_alpha = 0.5, 1024 exact-chain runs at d = 200: the largest
@@ -524,3 +563,18 @@ def test_no_ode_where_none_is_derived_is_a_one_line_error():
         PairKernel(kinked, unit_rows=False)
     with pytest.raises(ValueError, match="eta_c must be"):
         FinetuneModel(inst, 0.01, joint_c=True, eta_c=-1.0)
+
+
+def test_block_sparsity_is_scipys_block_diagonal():
+    """The BDF Jacobian's sparsity built from indices equals scipy's block_diag (which warns
+    of its change of return type from scipy 1.18, an error under this suite's filters)."""
+    import warnings
+
+    import scipy.sparse
+
+    from hermite.finetune_population import _block_sparsity
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = scipy.sparse.block_diag([np.ones((3, 3))] * 4).toarray()
+    assert np.array_equal(_block_sparsity(4, 3).toarray(), expected)

@@ -40,7 +40,7 @@ MAIN = "import sys; from sims.cli import main; sys.argv[0] = 'loradyn'; main()"
 SPEC = 'activation = "relu"\nk = 3\nd = 20\nxi = 1.0\nseed = 9\n'
 STEPS = 20000
 RUN = ["--runs", "3", "--eta", "0.002", "--steps", str(STEPS), "--checkpoints", "20",
-       "--spacing", "linear"]
+       "--spacing", "linear", "--engine", "full"]
 SWEEP = """
 [base]
 finite_d_theory = false

@@ -552,3 +552,23 @@ def test_an_allocation_failure_the_estimate_missed_is_one_line(here, monkeypatch
     line = one_line_error(invoke("run", "spec.toml", *FAST, "--out", "m.h5"))
     assert line.startswith("Error: out of memory (") and "lower --runs" in line
     assert not Path("m.h5").exists()
+
+
+def test_reproduce_replaces_a_figure_its_readme_records_but_not_a_foreign_one(tmp_path):
+    """A fresh clone has results/figN_quick.png and results/README.md (committed) but not the
+    git-ignored figN_quick.h5: the figure is reproduce's own, so the default --out-dir works;
+    a figure the README does not record is still refused, unchanged."""
+    from sims.commands.reproduce import _claim_outputs
+    from sims.io.outputs import OutputError
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    for name in ("README.md", "fig2_quick.png"):
+        (tmp_path / name).write_bytes((results / name).read_bytes())
+    with _claim_outputs(["fig2"], True, tmp_path, True, "unit", False):
+        pass
+    (tmp_path / "README.md").write_text("# results/\n")
+    before = md5(tmp_path / "fig2_quick.png")
+    with pytest.raises(OutputError, match="fig2_quick.png exists .* not the figure of"):
+        with _claim_outputs(["fig2"], True, tmp_path, True, "unit", False):
+            pass
+    assert md5(tmp_path / "fig2_quick.png") == before

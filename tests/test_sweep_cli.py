@@ -179,7 +179,7 @@ def test_default_out_is_under_results(sweep_dir):
 
 
 def test_a_crash_while_writing_a_cell_leaves_finished_cells_intact(sweep_dir, monkeypatch):
-    import sims.io.sweep as sio
+    import sims.io.atomic as sio  # every output is moved into place there
 
     calls = {"n": 0}
     real = sio.os.replace

@@ -1,7 +1,9 @@
 """Checks every simulating command makes before it computes, and the health of what it got
 (issue 16: nothing lost, nothing absurd).
 
-Before any compute (:func:`preflight`): the output paths (:mod:`sims.io.outputs`), the seeds
+Before any compute (:func:`preflight`): the output paths (:mod:`sims.io.outputs`; each locked
+against a second writer, :mod:`sims.io.lock`; where its size is known, checked against the
+free space of its filesystem, :func:`check_run_space`, :func:`check_sweep_space`), the seeds
 (the master seed is checked by ``RunConfig.validate``; the instance seeds of every run are
 stored as int64, so spec seed (+ R − 1 with per-run instance seeds) must stay below 2⁶³), the
 memory estimate (:mod:`dynamics.budget`, a one-line refusal saying what fits) and the step
@@ -19,9 +21,11 @@ import click
 import numpy as np
 
 from dynamics.budget import check_memory
-from sims.io.outputs import Input, Output, check_outputs
+from sims.io.lock import claim_outputs
+from sims.io.outputs import Input, Output, check_free_space
 
-__all__ = ["RUN_NAMES", "preflight", "check_run_outputs", "check_instance_seeds", "eta_warning",
+__all__ = ["RUN_NAMES", "preflight", "claim_run_outputs", "check_run_space", "check_sweep_space",
+           "trajectory_size", "check_instance_seeds", "eta_warning",
            "health", "health_text", "blowup_lines", "warn", "memory_guard", "check_sweep",
            "FLAT_TOL"]
 
@@ -66,17 +70,46 @@ def eta_warning(config, instances, option: str = "--eta") -> str | None:
     return worst.message(option) if worst is not None and worst.exceeded else None
 
 
-def check_run_outputs(spec, out, plot=None, force: bool = False) -> None:
-    """``loradyn run``'s --out and --plot: writable, not an input, not replacing a file
-    without --force (one-line OutputError); cheap, so checked before any compute."""
-    check_outputs([Output("--out", out, "hdf5"),
-                   Output("--plot", plot, "figure") if plot else None],
-                  [Input("SPEC", spec)], force=force)
+def claim_run_outputs(spec, out, plot=None, force: bool = False):
+    """``loradyn run``'s --out and --plot, checked (writable, not an input, not replacing a
+    file without --force: one-line OutputError) and locked against a second writer for the
+    block (:func:`sims.io.lock.claim_outputs`); cheap, so claimed before any compute."""
+    return claim_outputs([Output("--out", out, "hdf5"),
+                          Output("--plot", plot, "figure") if plot else None],
+                         [Input("SPEC", spec)], force=force)
+
+
+def trajectory_size(config, trajectory: bool = True) -> int:
+    """At least how many bytes the trajectory file of ``config`` takes
+    (:func:`sims.io.trajectory.trajectory_bytes` of its runs and checkpoints; a sweep cell
+    with ``trajectory = false`` records the start only)."""
+    from dynamics.trajectory import checkpoint_steps
+    from sims.io.trajectory import trajectory_bytes
+
+    count = (checkpoint_steps(int(config.steps), int(config.checkpoints), config.spacing).size
+             if trajectory else 1)
+    return trajectory_bytes(int(config.runs), int(count))
+
+
+def check_run_space(config, out, option: str = "--out") -> None:
+    """The trajectory file of ``config`` fits on the filesystem of ``out`` (one line)."""
+    check_free_space(option, out, trajectory_size(config))
+
+
+def check_sweep_space(cells, out, option: str = "--out") -> None:
+    """The cell files still to write and the combined file fit on the filesystem of ``out``
+    (one line otherwise)."""
+    from sims.io.sweep import cell_path
+
+    sizes = [(trajectory_size(c.config, c.trajectory), cell_path(out, c.hash).exists())
+             for c in cells]
+    need = sum(n for n, done in sizes if not done) + sum(n for n, _ in sizes)
+    check_free_space(option, out, need)
 
 
 def preflight(config, *, names: dict | None = None, instance=None):
     """The checks of ``loradyn run`` on its config before it simulates (module docstring;
-    the outputs are checked first, :func:`check_run_outputs`), on the run resolved once here
+    the outputs are claimed first, :func:`claim_run_outputs`), on the run resolved once here
     (:func:`dynamics.resolve.resolve_run`: validation, instances, engine, memory;
     ``instance``: the spec's, if built already), which it returns for the engine. Warnings
     are printed; problems raise a one-line ValueError naming the option."""
@@ -135,7 +168,8 @@ def blowup_lines(report: dict) -> list[str]:
 def check_sweep(spec, out=None, *, batch: bool = True, max_batch_runs: int | None = None,
                 force: bool = False) -> None:
     """Before a sweep computes: every batch's memory estimate (one line naming the cells
-    whose batch does not fit), the sidecar folder of ``out`` is not a file, and with
+    whose batch does not fit), the sidecar folder of ``out`` is not a file, the files to
+    write fit on its filesystem (:func:`check_sweep_space`), and with
     ``force`` a foreign file at ``out`` is removed (the caller checked it with
     :func:`sims.io.outputs.check_outputs`; a sweep file is resumed, never removed)."""
     from pathlib import Path
@@ -158,6 +192,7 @@ def check_sweep(spec, out=None, *, batch: bool = True, max_batch_runs: int | Non
     side = cell_dir(out)
     if side.exists() and not side.is_dir():
         raise OutputError(f"--out {out}: its cell folder {side} exists and is not a folder")
+    check_sweep_space(cells, out)
     if force and out.is_file() and hdf5_format(out) != "loradyn-sweep":
         out.unlink()
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from sims.io.outputs import Input, Output, check_outputs
+from sims.io.lock import claim_outputs
+from sims.io.outputs import Input, Output
 from sims.plots.curves import (
     QUANTITIES,
     X_CHOICES,
@@ -49,12 +50,12 @@ def plot(files, quantity, x, xscale, yscale, hue, facet, style, title, out, forc
     """Plot trajectory files (loradyn run) and sweep files (loradyn sweep)."""
     if Path(out).suffix.lower() not in (".png", ".pdf", ".svg"):
         raise click.BadParameter("extension must be .png, .pdf or .svg", param_hint="--out")
-    check_outputs([Output("--out", out, "figure")], [Input("FILES", f) for f in files],
-                  force=force)
-    curves = load_curves(files)
-    fig = plot_curves(curves, quantity=quantity, x=x, xscale=xscale, yscale=yscale, hue=hue,
-                      facet=facet, style=style, title=title)
-    save_figure(fig, out)
+    with claim_outputs([Output("--out", out, "figure")], [Input("FILES", f) for f in files],
+                       force=force):
+        curves = load_curves(files)
+        fig = plot_curves(curves, quantity=quantity, x=x, xscale=xscale, yscale=yscale,
+                          hue=hue, facet=facet, style=style, title=title)
+        save_figure(fig, out)
     skipped = lacking(curves, quantity)
     click.echo(f"wrote {out} ({len(curves) - len(skipped)} curve(s))")
     for note in theory_notes(curves, quantity):

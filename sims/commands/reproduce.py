@@ -4,7 +4,7 @@ figures, data and PNG in results/ (a non-unit convention suffixes the file names
 from __future__ import annotations
 
 import shlex
-import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -17,11 +17,13 @@ from sims.experiments.reproduce import (
     check_convention,
     check_learner,
     figure_paths,
+    recorded_figure,
     update_readme,
 )
 from sims.experiments.reproduce import reproduce as run_figure
 from sims.experiments.sweep_spec import parse_sweep
-from sims.io.outputs import Output, check_outputs
+from sims.io.lock import claim_outputs
+from sims.io.outputs import Output
 
 __all__ = ["reproduce"]
 
@@ -56,36 +58,40 @@ def reproduce(figures, quick, out_dir, scheduler, update, readme, convention, fo
             check_convention(FIGURES[name], convention)
     else:
         names = [n for n in names if _runs(n, convention)]
-    _check_outputs(names, quick, out_dir, readme, convention, force)
-    for name in names:
-        result = run_figure(name, quick=quick, out_dir=out_dir, scheduler=scheduler,
-                            update=update, echo=click.echo, progress=sys.stderr.isatty(),
-                            convention=convention)
-        click.echo(f"{name}: wrote {result.h5} and {result.png} in {result.timing()}")
-        if readme:
-            command = "loradyn reproduce " + name + (" --quick" if quick else "") + (
-                f" --out-dir {shlex.quote(str(out_dir))}" if str(out_dir) != "results" else ""
-            ) + (f" --convention {convention}" if convention != "unit" else "")
-            update_readme(out_dir, FIGURES[name], quick, result.png, command, result.timing(),
-                          convention)
+    with _claim_outputs(names, quick, out_dir, readme, convention, force):
+        for name in names:
+            result = run_figure(name, quick=quick, out_dir=out_dir, scheduler=scheduler,
+                                update=update, echo=click.echo, progress=True,
+                                convention=convention)
+            click.echo(f"{name}: wrote {result.h5} and {result.png} in {result.timing()}")
+            if readme:
+                command = "loradyn reproduce " + name + (" --quick" if quick else "") + (
+                    f" --out-dir {shlex.quote(str(out_dir))}" if str(out_dir) != "results"
+                    else "") + (f" --convention {convention}" if convention != "unit" else "")
+                update_readme(out_dir, FIGURES[name], quick, result.png, command,
+                              result.timing(), convention)
 
 
-def _check_outputs(names, quick, out_dir, readme, convention, force) -> None:
-    """Every figure's sweep file, figure and the README, and every recipe's memory, checked
-    before the first figure computes (sims.io.outputs, dynamics.budget)."""
+@contextmanager
+def _claim_outputs(names, quick, out_dir, readme, convention, force):
+    """Every figure's sweep file, figure and the README checked, every recipe's memory and
+    disk space too, before the first figure computes (sims.io.outputs, dynamics.budget);
+    the sweep files and figures locked for the command (sims.io.lock)."""
     outputs = []
     for name in names:
         h5, png = figure_paths(name, quick, out_dir, convention)
+        recorded = recorded_figure(out_dir, FIGURES[name], quick, png, convention)
         outputs += [Output("--out-dir", h5, "hdf5", "sweep"),
-                    Output("--out-dir", png, "figure", "derived", data=h5)]
+                    Output("--out-dir", png, "figure", "derived", data=h5, recorded=recorded)]
     if readme:
         outputs.append(Output("--readme", Path(out_dir) / "README.md", "text", "edit"))
-    check_outputs(outputs, force=force)
-    for name in names:
-        recipe = FIGURES[name]
-        check_learner(recipe)
-        spec = parse_sweep(with_convention(recipe.sweep(quick), convention), source=None)
-        check_sweep(spec, figure_paths(name, quick, out_dir, convention)[0], force=force)
+    with claim_outputs(outputs, force=force):
+        for name in names:
+            recipe = FIGURES[name]
+            check_learner(recipe)
+            spec = parse_sweep(with_convention(recipe.sweep(quick), convention), source=None)
+            check_sweep(spec, figure_paths(name, quick, out_dir, convention)[0], force=force)
+        yield
 
 
 def _runs(name: str, convention: str) -> bool:

@@ -12,13 +12,19 @@ written to --out as a complete, checksummed trajectory file marked ``interrupted
 when it returns, the run being then finished: its complete file is written (not marked) and
 the command exits 130/143 all the same. A second signal aborts at once and writes nothing.
 An existing --out is never replaced without --force (checked before any compute).
+
+Outputs (issue 37): --out and --plot are locked for the whole command (a second ``loradyn``
+writing either is refused at once, naming the holder's pid; :mod:`sims.io.lock`), the
+trajectory file's size (runs × checkpoints × datasets) is checked against the free space of
+its filesystem before the compute, and an OS error while writing (no space, permission,
+read-only filesystem, quota, I/O error) is one line naming the file, an earlier file kept
+(:mod:`sims.io.atomic`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import warnings
 
 import click
@@ -34,12 +40,14 @@ from dynamics.defaults import (
     has_population_ode,
 )
 from dynamics.engine import interruptible, simulate
+from dynamics.engine_choice import engine_reason
 from dynamics.instance import SPEC_KEYS, SpecError, build_instance, load_spec
 from dynamics.learners import get_learner
 from dynamics.learners.registry import default_learner
 from sims.commands.checks import (
     blowup_lines,
-    check_run_outputs,
+    check_run_space,
+    claim_run_outputs,
     health,
     health_text,
     memory_guard,
@@ -167,6 +175,9 @@ def summary_json(traj) -> dict:
     return out
 
 
+LONG_FULL_RUN = 10**10  # steps × runs × d past which a full-engine run is worth a warning
+
+
 def _summary_line(traj, notes) -> str:
     s = traj.summary()
     t05 = s["median_steps_to_0.5"]
@@ -207,8 +218,10 @@ def _summary_line(traj, notes) -> str:
               help="Arithmetic of the simulation.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu",
               help="auto: cuda when available.")
-@click.option("--engine", type=click.Choice(ENGINES), default="full",
-              help="full (this engine), reduced (exact overlap chain) or auto.")
+@click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+              help="auto: the exact dimension-free chain (reduced) where the learner has one "
+                   "for this setting, else the full O(d) engine (the summary says which and "
+                   "why); full or reduced to insist on one.")
 @click.option("--streams", type=click.Choice(STREAMS), default="auto",
               help="Full engine's example streams: one generator per run (run r's numbers "
                    "independent of R) or one shared (one draw per chunk: fast on CUDA); "
@@ -234,26 +247,36 @@ def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, 
         as_json, force=False, overrides=(), **options):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
     given = parse_overrides(overrides)  # before the file: a bad --set is named first
-    check_run_outputs(spec, out, plot, force)  # before any default is computed
+    with claim_run_outputs(spec, out, plot, force):  # before any default is computed
+        _run(spec, given, learner, out, plot, as_json, dict(
+            eta=eta, steps=steps, runs=runs, seed=seed, batch=batch, label_noise=label_noise,
+            checkpoints=checkpoints, spacing=spacing, xi_values=list(xi_values) or None,
+            instance_seeds=instance_seeds, dtype=dtype, device=device, engine=engine,
+            streams=streams, finite_d_theory=finite_d_theory), options)
+
+
+def _run(spec, given, learner, out, plot, as_json, fields, options) -> None:
+    """The body of ``loradyn run`` once its outputs are claimed (locked)."""
     spec_dict = apply_overrides(load_spec(spec), given)  # read once
     learner = learner or spec_learner(spec_dict)
     try:
         base = build_instance(spec_dict)  # the spec's instance, built once
         options = given_options(click.get_current_context(), options, learner)
-        config, notes = run_config(
-            spec, spec=spec_dict, base=base, eta=eta, steps=steps, learner=learner,
-            runs=runs, seed=seed, batch=batch,
-            label_noise=label_noise, checkpoints=checkpoints, spacing=spacing,
-            xi_values=list(xi_values) or None, instance_seeds=instance_seeds, dtype=dtype,
-            device=device, engine=engine, streams=streams, finite_d_theory=finite_d_theory,
-            **options)
+        config, notes = run_config(spec, spec=spec_dict, base=base, learner=learner,
+                                   **fields, **options)
         resolved = preflight(config, instance=base)  # validated there, before any compute
     except SpecError as exc:
         _name_override(exc, given)
         raise
+    check_run_space(config, out)
+    engine, why = engine_reason(config)
+    notes.append(f"engine {engine}" + (f" (auto: {why})" if why else ""))
+    if why and config.steps * config.runs * base.d >= LONG_FULL_RUN:
+        warn(f"engine auto takes the full O(d) engine for this long run ({why}); "
+             "progress and ETA follow")
     with interruptible() as stop:  # module docstring
         with memory_guard():
-            traj = simulate(resolved, progress=sys.stderr.isatty())
+            traj = simulate(resolved, progress=True)
         for line in blowup_lines(health(traj)):
             warn(line)
         write_trajectory(out, traj, config,  # the instances the trajectory carries

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -20,7 +19,8 @@ from sims.experiments.scaling import (
     write_scaling,
 )
 from sims.experiments.sweep import run_sweep
-from sims.io.outputs import Input, Output, check_outputs
+from sims.io.lock import claim_outputs
+from sims.io.outputs import Input, Output
 from sims.plots.curves import save_figure
 
 __all__ = ["scaling", "parse_range"]
@@ -73,15 +73,15 @@ def scaling(spec, out, plot_path, expect_slope, target, scheduler, update, engin
     plot_path = Path(plot_path) if plot_path else out.with_suffix(".png")
     if plot_path.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise click.BadParameter("extension must be .png, .pdf or .svg", param_hint="--plot")
-    check_outputs([Output("--out", out, "hdf5", "sweep"),
-                   Output("--plot", plot_path, "figure", "derived", data=out)],
-                  [Input("SPEC", spec)], force=force)
-    check_sweep(parsed.sweep, out, force=force)
-    run_sweep(parsed.sweep, out, scheduler=scheduler, update=update,
-              progress=sys.stderr.isatty(), echo=click.echo)
-    result = analyse(out, parsed)
-    write_scaling(out, result)
-    save_figure(plot_scaling(result), plot_path)
+    with claim_outputs([Output("--out", out, "hdf5", "sweep"),
+                        Output("--plot", plot_path, "figure", "derived", data=out)],
+                       [Input("SPEC", spec)], force=force):
+        check_sweep(parsed.sweep, out, force=force)
+        run_sweep(parsed.sweep, out, scheduler=scheduler, update=update,
+                  progress=True, echo=click.echo)
+        result = analyse(out, parsed)
+        write_scaling(out, result)
+        save_figure(plot_scaling(result), plot_path)
     click.echo(format_table(result))
     if as_json:
         click.echo(json.dumps({k: (v.as_dict() if v is not None else None)

@@ -5,13 +5,16 @@ with ``keep=False``): the batch in flight is dropped, the finished cells stay (e
 atomically, the sweep file rebuilt from them), one line gives the count and the exact command
 that resumes it (``interrupted: 3 of 8 cells written; resume with: loradyn sweep SPEC.toml
 --out F.h5``), and the command exits 130 (SIGINT) or 143 (SIGTERM).
+
+A fault while writing (no space, permission, read-only filesystem, quota, I/O error; issue 37)
+is one line naming the file and the cause, how many cells are kept and the command that
+resumes; --out is locked for the whole command (a second writer is refused at once).
 """
 
 from __future__ import annotations
 
 import shlex
 import signal
-import sys
 from pathlib import Path
 
 import click
@@ -21,7 +24,9 @@ from sims.commands.checks import check_sweep
 from sims.experiments.sweep import SweepInterrupted, run_sweep
 from sims.experiments.sweep_batch import MAX_BATCH_RUNS
 from sims.experiments.sweep_spec import load_sweep
-from sims.io.outputs import Input, Output, check_outputs
+from sims.io.atomic import WriteFault
+from sims.io.lock import claim_outputs
+from sims.io.outputs import Input, Output
 from sims.io.sweep import finished_cells
 
 __all__ = ["sweep", "default_out", "resume_command"]
@@ -75,22 +80,36 @@ def sweep(spec, out, scheduler, no_batch, max_batch_runs, update, dry_run, force
         for cell in parsed.cells():
             click.echo(f"{cell.name}  {cell.hash[:12]}  {cell.label}")
         return
-    check_outputs([Output("--out", out, "hdf5", "sweep")], [Input("SPEC", spec)], force=force)
-    check_sweep(parsed, out, batch=not no_batch, max_batch_runs=max_batch_runs, force=force)
-    try:
-        with interruptible(keep=False):  # module docstring
-            result = run_sweep(parsed, out, scheduler=scheduler, batch=not no_batch,
-                               max_batch_runs=max_batch_runs, update=update,
-                               progress=sys.stderr.isatty(), echo=click.echo)
-    except KeyboardInterrupt as stop:  # SweepInterrupted, or one before its loop began
-        if not isinstance(stop, SweepInterrupted):
-            current = {c.hash for c in parsed.cells()}
-            written = sum(h in current for h in finished_cells(out))
-            stop = SweepInterrupted(written, len(current), getattr(stop, "signum", signal.SIGINT))
+    with claim_outputs([Output("--out", out, "hdf5", "sweep")], [Input("SPEC", spec)],
+                       force=force):
+        check_sweep(parsed, out, batch=not no_batch, max_batch_runs=max_batch_runs,
+                    force=force)
         again = resume_command(spec, out, scheduler=scheduler, no_batch=no_batch,
                                max_batch_runs=max_batch_runs, update=update)
-        click.echo(f"interrupted: {stop.written} of {stop.cells} cells written; resume "
-                   f"with: {again}", err=True)
-        click.get_current_context().exit(128 + stop.signum)
+        try:
+            with interruptible(keep=False):  # module docstring
+                result = run_sweep(parsed, out, scheduler=scheduler, batch=not no_batch,
+                                   max_batch_runs=max_batch_runs, update=update,
+                                   progress=True, echo=click.echo)
+        except KeyboardInterrupt as stop:  # SweepInterrupted, or one before its loop began
+            if not isinstance(stop, SweepInterrupted):
+                stop = SweepInterrupted(_written(parsed, out), len(parsed.cells()),
+                                        getattr(stop, "signum", signal.SIGINT))
+            click.echo(f"interrupted: {stop.written} of {stop.cells} cells written; resume "
+                       f"with: {again}", err=True)
+            click.get_current_context().exit(128 + stop.signum)
+        except WriteFault as exc:  # sims.io.atomic: the finished cells stay
+            raise click.ClickException(f"{exc}; {_written(parsed, out)} of "
+                                       f"{len(parsed.cells())} cells kept; resume with: "
+                                       f"{again}") from None
     click.echo(f"computed {result.computed} cell(s), reused {result.reused}, "
                f"in {result.seconds:.1f} s; wrote {result.out}")
+
+
+def _written(parsed, out) -> int:
+    """How many cells of the sweep have a finished file (0 if the folder cannot be read)."""
+    current = {c.hash for c in parsed.cells()}
+    try:
+        return sum(h in current for h in finished_cells(out))
+    except (OSError, ValueError):
+        return 0

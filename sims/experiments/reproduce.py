@@ -27,8 +27,17 @@ from sims.experiments.figures import FIGURES, Recipe
 from sims.experiments.figures.recipe import CONVENTION_TEXT, convention_caption, with_convention
 from sims.experiments.sweep import run_sweep
 from sims.experiments.sweep_spec import parse_sweep
+from sims.io.atomic import atomic_file
 from sims.io.sweep import read_sweep
-from sims.plots.curves import describe, draw_panel, legend, load_curves, save_figure, wrap_title
+from sims.plots.curves import (
+    describe,
+    draw_panel,
+    left_out_notes,
+    legend,
+    load_curves,
+    save_figure,
+    wrap_title,
+)
 
 __all__ = ["FIGURES", "CONVENTIONS", "ReproduceResult", "reproduce", "render", "figure_paths",
            "check_learner", "check_convention", "update_readme"]
@@ -144,7 +153,8 @@ def file_convention(h5) -> str:
 
 def render(recipe: Recipe, h5, quick: bool, convention: str | None = None):
     """The Figure of a recipe from its sweep file: one panel per :class:`Panel`; the title
-    names a non-unit convention (``None``: the file's own)."""
+    names a non-unit convention (``None``: the file's own); a panel's legend says why a theory
+    line its file left out is missing (:func:`sims.plots.curves.left_out_notes`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,19 +183,20 @@ def render(recipe: Recipe, h5, quick: bool, convention: str | None = None):
             raise ValueError(f"panel {panel.title!r}: unknown kind {panel.kind!r} "
                              "(curves or passage)")
         quantities = panel.quantity if isinstance(panel.quantity, tuple) else (panel.quantity,)
-        theory = set()
+        theory, notes = set(), []
         for q, ls in zip(quantities, QUANTITY_STYLE, strict=False):
             prefix = f"{SHORT[q]}: " if len(quantities) > 1 else ""
             _, lines = draw_panel(ax, members, quantity=q, x=panel.x, xscale=panel.xscale,
                                 yscale=panel.yscale, hue=panel.hue, style=panel.style,
                                 prefix=prefix, ls=ls)
             theory |= lines
+            notes += [n for n in left_out_notes(members, q) if n not in notes]
         if len(quantities) > 1:
             ax.set_ylabel("overlap")
         if panel.xlim_frac is not None:
             ax.set_xlim(0, panel.xlim_frac * max(float(c.traj.steps[-1]) for c in members))
         ax.set_title(panel.title, fontsize=10)
-        legend(ax, style=panel.style, theory=theory)
+        legend(ax, style=panel.style, theory=theory, notes=notes)
     head = f"{recipe.name}{_qualifier(quick, found)}: {describe(curves)}"
     fig.suptitle(wrap_title(head, width), fontsize=10)
     return fig
@@ -224,6 +235,20 @@ def _order(tag: str) -> tuple:
     return rank, quick, name
 
 
+def recorded_figure(out_dir, recipe: Recipe, quick: bool, png: Path,
+                    convention: str = "unit") -> bool:
+    """Whether ``<out_dir>/README.md`` has this figure's section (:func:`update_readme`)
+    showing ``png``: the figure is this command's own earlier output."""
+    path = Path(out_dir) / "README.md"
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    tag = re.escape(_tag(recipe, quick, convention))
+    match = re.search(rf"<!-- reproduce:{tag} -->(.*?)<!-- /reproduce:{tag} -->", text, re.S)
+    return match is not None and f"]({Path(png).name})" in match.group(1)
+
+
 def update_readme(out_dir, recipe: Recipe, quick: bool, png: Path, command: str,
                   timing: str, convention: str = "unit") -> Path:
     """Insert or replace this figure's section of ``<out_dir>/README.md`` (one per figure,
@@ -247,7 +272,6 @@ def update_readme(out_dir, recipe: Recipe, quick: bool, png: Path, command: str,
         text = text[:at].rstrip("\n") + "\n\n" + section + ("\n" + rest if rest else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
     return path

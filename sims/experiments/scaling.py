@@ -34,19 +34,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import h5py
 import numpy as np
 import tomllib
 
 from sims.experiments.fit import PowerLawFit, fit_power_law
 from sims.experiments.sweep_spec import SweepSpec, SweepSpecError, parse_sweep, passage_key
-from sims.io.sweep import atomic_replace, read_sweep
+from sims.io.atomic import hdf5_writer
+from sims.io.sweep import read_sweep
 
 __all__ = ["ScalingSpec", "ScalingResult", "load_scaling", "hitting_times", "analyse",
            "format_table", "plot_scaling", "write_scaling", "check_slope", "SCALING_KEYS"]
@@ -419,28 +417,21 @@ def _pad(times: list) -> np.ndarray:
 def write_scaling(path, result: ScalingResult) -> Path:
     """Add (replace) the ``/scaling`` group of the sweep file ``path``, atomically."""
     path = Path(path)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp.h5"
-    shutil.copyfile(path, tmp)
-    try:
-        with h5py.File(tmp, "r+") as f:
-            if "scaling" in f:
-                del f["scaling"]
-            g = f.create_group("scaling")
-            g["d"] = result.d.astype(np.int64)
-            g["t_level"] = _pad(result.t_level)
-            g["t_strong"] = _pad(result.t_strong)
-            g["t_level"].attrs["description"] = f"steps to first reach {result.spec.level:g} " \
-                                                f"({result.level_source}); NaN = never"
-            g["t_strong"].attrs["description"] = (f"{_strong_description(result.spec)}; "
-                                                  "NaN = never")
-            g.attrs["settings"] = json.dumps(result.spec.settings())
-            g.attrs["c"] = result.spec.c
-            g.attrs["title"] = result.title
-            g.attrs["fits"] = json.dumps({k: (v.as_dict() if isinstance(v, PowerLawFit)
-                                              else None) for k, v in result.fits.items()})
-            g.attrs["table"] = format_table(result)
-        atomic_replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with hdf5_writer(path, update=True) as f:
+        if "scaling" in f:
+            del f["scaling"]
+        g = f.create_group("scaling")
+        g["d"] = result.d.astype(np.int64)
+        g["t_level"] = _pad(result.t_level)
+        g["t_strong"] = _pad(result.t_strong)
+        g["t_level"].attrs["description"] = f"steps to first reach {result.spec.level:g} " \
+                                            f"({result.level_source}); NaN = never"
+        g["t_strong"].attrs["description"] = (f"{_strong_description(result.spec)}; "
+                                              "NaN = never")
+        g.attrs["settings"] = json.dumps(result.spec.settings())
+        g.attrs["c"] = result.spec.c
+        g.attrs["title"] = result.title
+        g.attrs["fits"] = json.dumps({k: (v.as_dict() if isinstance(v, PowerLawFit)
+                                          else None) for k, v in result.fits.items()})
+        g.attrs["table"] = format_table(result)
     return path

@@ -1,6 +1,6 @@
 """Running a sweep: resume, batch, execute in-process or on dask, write cell by cell.
 
-:func:`run_sweep` validates every cell before touching the disk, takes the sidecar lock,
+:func:`run_sweep` validates every cell before touching the disk, takes the sweep file's lock,
 skips cells whose hash already has a finished file, runs the remaining batches (in-process,
 or one batch per dask task with the results written here, by the client) and rebuilds the
 combined file after every finished batch. Finished cells that belong to no cell of the sweep
@@ -17,22 +17,21 @@ from __future__ import annotations
 
 import signal
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from dynamics.engine import raise_if_signalled
+from dynamics.progress import progress_bar
 from sims.experiments.sweep_batch import MAX_BATCH_RUNS, plan_batches, run_batch
 from sims.experiments.sweep_spec import SweepSpec
 from sims.io.sweep import (
     SWEEP_FORMAT,
-    SweepLock,
     cell_dir,
     file_format,
     finished_cells,
     rebuild_sweep_file,
+    sweep_lock,
     write_cell,
 )
 from sims.io.trajectory import TrajectoryFileError, check_writable
@@ -89,7 +88,7 @@ def run_sweep(spec: SweepSpec, out, *, scheduler: str | None = None, batch: bool
     target = parse_scheduler(scheduler)
     out = check_writable(out)
     _check_not_foreign(out)
-    with SweepLock(out):
+    with sweep_lock(out):
         finished = finished_cells(out)
         current = {c.hash for c in cells}
         stale = [h for h in finished if h not in current]
@@ -109,19 +108,30 @@ def run_sweep(spec: SweepSpec, out, *, scheduler: str | None = None, batch: bool
             rebuild_sweep_file(out, spec, cells, finished)
             reused = len(finished)
             try:
-                with tqdm(total=len(cells), initial=reused, unit="cell",
-                          disable=not progress, desc="cells") as bar:
+                with progress_bar(len(cells), initial=reused, unit="cell",
+                                  enabled=progress, desc="cells") as bar:
                     for batch_, trajs in execute(batches, progress):
                         _write_batch(out, batch_, trajs, finished, bar)
                         rebuild_sweep_file(out, spec, cells, finished)
                         raise_if_signalled()  # a signal a callback swallowed
             except KeyboardInterrupt as exc:  # module docstring
                 signum = getattr(exc, "signum", signal.SIGINT)
-                done = {h: p for h, p in finished_cells(out).items() if h in current}
-                rebuild_sweep_file(out, spec, cells, done)  # the cells on disk
+                done = _rebuild_kept(out, spec, cells)
                 raise SweepInterrupted(len(done), len(cells), signum) from None
+            except OSError:  # a write fault: the combined file gets the cells on disk if it
+                with suppress(OSError, ValueError):  # can be written at all
+                    _rebuild_kept(out, spec, cells)
+                raise
     return SweepResult(out, len(cells), reused, len(finished) - reused, len(stale),
                        len(batches), time.perf_counter() - start)
+
+
+def _rebuild_kept(out: Path, spec: SweepSpec, cells) -> dict:
+    """Rebuild the combined file from the sweep's cells finished on disk; those cells."""
+    current = {c.hash for c in cells}
+    done = {h: p for h, p in finished_cells(out).items() if h in current}
+    rebuild_sweep_file(out, spec, cells, done)
+    return done
 
 
 def _check_not_foreign(out: Path) -> None:

@@ -15,10 +15,16 @@ are, per output:
   unless ``--force``; ``sweep`` (resumable sweep files): an existing *sweep* file is resumed,
   anything else is refused unless ``--force``; ``derived`` (the figure a ``scaling`` or
   ``reproduce`` command draws from its sweep file): replaced when its data file exists already
-  (the resumed case: the figure is that data's) and it is a figure of its own format, else
+  (the resumed case: the figure is that data's) or the command's own record names it
+  (``Output.recorded``) and it is a figure of its own format, else
   refused unless ``--force``; ``edit`` (``reproduce``'s README, edited in place, its other
   sections kept): only has to be a writable file. A replaced file must be writable: a
   read-only one (no write permission bit, even for root) is refused even with ``--force``.
+
+Where an output's size is known before the compute (a trajectory file: runs × checkpoints ×
+datasets), :func:`check_free_space` refuses it when its filesystem has no room. While the
+command runs, each output is locked against a second writer (:mod:`sims.io.lock`); a fault
+while writing is one line too (:mod:`sims.io.atomic`).
 
 Errors are :class:`OutputError` (a ValueError): one line that starts with the option, e.g.
 ``--out results/x.h5 exists (loradyn trajectory file); pass --force to replace it or choose
@@ -28,11 +34,12 @@ another path``.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["OutputError", "Output", "Input", "check_outputs", "describe_file", "hdf5_format",
-           "HDF5_SUFFIXES", "FIGURE_SUFFIXES", "POLICIES"]
+__all__ = ["OutputError", "Output", "Input", "check_outputs", "check_free_space",
+           "describe_file", "hdf5_format", "HDF5_SUFFIXES", "FIGURE_SUFFIXES", "POLICIES"]
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
@@ -52,7 +59,10 @@ class Output:
     """One file a command will write: its option (``--out``), path, kind and policy.
 
     kind : ``hdf5``, ``figure`` or ``text``. policy : see the module docstring. ``data``:
-    for a ``derived`` figure, the data file it is drawn from.
+    for a ``derived`` figure, the data file it is drawn from. ``recorded``: a ``derived``
+    figure the command's own record names as its earlier output (``reproduce``'s README
+    section: a committed figure whose git-ignored data a fresh clone lacks), replaced as a
+    resumed one is.
     """
 
     option: str
@@ -60,6 +70,7 @@ class Output:
     kind: str = "hdf5"
     policy: str = "new"
     data: Path | str | None = None
+    recorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,18 +162,23 @@ def _check_format(out: Output, path: Path) -> None:
                           + (f", not {suffix}" if suffix else ""))
 
 
+def _nearest(path: Path, option: str) -> Path:
+    """The nearest existing ancestor of ``path`` (its folder if that exists)."""
+    probe = path.parent if str(path.parent) else Path(".")
+    while not probe.exists():
+        if probe.is_symlink():  # a dangling link: creating the folder would fail
+            raise OutputError(f"{option} {path}: {probe} is a broken link")
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    return probe
+
+
 def _check_place(out: Output, path: Path, raw: str) -> None:
     """Not a directory; parents are folders (or missing); the nearest folder is writable."""
     if path.is_dir() or raw.endswith(("/", os.sep)):
         raise OutputError(f"{out.option} {raw} is a directory, expected a file path")
-    parent = path.parent if str(path.parent) else Path(".")
-    probe = parent
-    while not probe.exists():
-        if probe.is_symlink():  # a dangling link: creating the folder would fail
-            raise OutputError(f"{out.option} {path}: {probe} is a broken link")
-        if probe.parent == probe:
-            break
-        probe = probe.parent
+    probe = _nearest(path, out.option)
     if probe.exists() and not probe.is_dir():
         raise OutputError(f"{out.option} {path}: cannot write, {probe} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
@@ -193,7 +209,7 @@ def _check_existing(out: Output, path: Path, force: bool) -> None:
     elif out.policy == "derived":
         data = Path(out.data) if out.data is not None else None
         resumed = data is not None and data.exists() and hdf5_format(data) == "loradyn-sweep"
-        if resumed and _is_figure(path):
+        if (resumed or out.recorded) and _is_figure(path):
             replace = True
         elif not force:
             raise OutputError(f"{out.option} {path} exists ({what}) and is not the figure of "
@@ -205,6 +221,23 @@ def _check_existing(out: Output, path: Path, force: bool) -> None:
     if replace and not (os.access(path, os.W_OK) and path.stat().st_mode & 0o222):
         raise OutputError(f"{out.option} {path} exists and is read-only; make it writable "
                           "or choose another path")
+
+
+def check_free_space(option: str, path, need: int) -> None:
+    """Refuse (one-line OutputError) an output of at least ``need`` bytes that the filesystem
+    of its folder (``shutil.disk_usage`` of the nearest existing one) has no room for."""
+    path = Path(path)
+    folder = _nearest(path, option)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return  # the write itself will say what is wrong
+    if need > free:
+        from dynamics.budget import format_bytes
+
+        raise OutputError(f"{option} {path} needs at least {format_bytes(need)}, only "
+                          f"{format_bytes(free)} free on {folder}; free some space or choose "
+                          "another path")
 
 
 def check_outputs(outputs, inputs=(), *, force: bool = False) -> list[Path]:

@@ -19,15 +19,16 @@ Killing the writer at any moment leaves every finished cell intact (``kill -9`` 
 from __future__ import annotations
 
 import datetime as _dt
-import fcntl
 import json
-import os
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import h5py
 
 from dynamics.trajectory import Trajectory
+from sims.io.atomic import hdf5_writer
+from sims.io.lock import output_lock
 from sims.io.trajectory import (
     DATASETS,
     TrajectoryFileError,
@@ -46,19 +47,18 @@ __all__ = [
     "SweepCellData",
     "cell_dir",
     "cell_path",
-    "SweepLock",
+    "sweep_lock",
     "write_cell",
     "finished_cells",
     "rebuild_sweep_file",
     "read_sweep",
     "file_format",
-    "atomic_replace",
 ]
 
 SWEEP_FORMAT = "loradyn-sweep"
 SWEEP_FORMAT_VERSION = 1
 CELL_SUFFIX = ".h5"
-PARTIAL = ".partial.h5"
+PARTIAL = ".partial.h5"  # temporary cell files of loradyn before issue 37
 
 
 def cell_dir(out) -> Path:
@@ -71,77 +71,34 @@ def cell_path(out, digest: str) -> Path:
     return cell_dir(out) / f"{digest[:16]}{CELL_SUFFIX}"
 
 
-class SweepLock:
-    """An exclusive lock on a sweep's sidecar directory (released on exit or process death)."""
+@contextmanager
+def sweep_lock(out):
+    """Hold the lock of the sweep file ``out`` (:func:`sims.io.lock.output_lock`: one writer,
+    a stale lock taken over, removed at exit); on entry, leftovers of a killed writer go."""
+    folder = cell_dir(out)
+    check_writable(folder / "x.h5")
+    with output_lock(out):
+        _clean(folder)
+        yield
 
-    def __init__(self, out):
-        self.dir = cell_dir(out)
-        self.fd = None
 
-    def __enter__(self):
-        check_writable(self.dir / "x.h5")
-        self.fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            raise OSError(f"another loradyn process is writing {self.dir} (lock held)") from None
-        self._clean()
-        return self
-
-    def _clean(self) -> None:
-        """Remove temporary files left by a killed writer (only ours, by name)."""
-        for p in self.dir.iterdir():
-            if p.name.startswith(".") and (p.name.endswith(PARTIAL) or
-                                           p.name.endswith(".tmp.h5")):
-                p.unlink(missing_ok=True)
-        parent = self.dir.parent
-        stem = self.dir.name[: -len(".cells")]
-        for p in parent.glob(f".{stem}.*.tmp.h5"):
+def _clean(folder: Path) -> None:
+    """Remove temporary files left by a killed writer (only ours, by name)."""
+    for p in folder.iterdir():
+        if p.name.startswith(".") and (p.name.endswith(PARTIAL) or p.name.endswith(".tmp.h5")):
             p.unlink(missing_ok=True)
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-
-
-def _fsync(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_replace(tmp: Path, final: Path) -> None:
-    """fsync ``tmp``, give it the usual file mode, move it onto ``final``, fsync the folder."""
-    os.chmod(tmp, 0o666 & ~_umask())
-    _fsync(tmp)
-    os.replace(tmp, final)
-    _fsync(final.parent)
+    stem = folder.name[: -len(".cells")]
+    for p in folder.parent.glob(f".{stem}.*.tmp.h5"):
+        p.unlink(missing_ok=True)
 
 
 def write_cell(out, cell, traj: Trajectory, instances, batch_info: dict) -> Path:
     """Write one finished cell atomically into the sidecar directory; its final path."""
-    final = cell_path(out, cell.hash)
-    tmp = final.parent / f".{final.stem}.{os.getpid()}{PARTIAL}"
-    try:
-        write_trajectory(tmp, traj, cell.config, instances)
-        with h5py.File(tmp, "r+") as f:
-            f.attrs["sweep_cell_hash"] = cell.hash
-            f.attrs["sweep_axes"] = json.dumps(cell.axes, default=str)
-            f.attrs["sweep_batch"] = json.dumps(batch_info)
-        atomic_replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return final
+    attrs = {"sweep_cell_hash": cell.hash,
+             "sweep_axes": json.dumps(cell.axes, default=str),
+             "sweep_batch": json.dumps(batch_info)}
+    return write_trajectory(cell_path(out, cell.hash), traj, cell.config, instances,
+                            attrs=attrs)
 
 
 def _cell_hash(path: Path) -> str | None:
@@ -176,34 +133,27 @@ def finished_cells(out) -> dict[str, Path]:
 def rebuild_sweep_file(out, spec, cells, finished: dict[str, Path]) -> Path:
     """Write the combined sweep file from the finished cell files (atomic replace)."""
     out = check_writable(out)
-    tmp = out.parent / f".{out.name}.{os.getpid()}.tmp.h5"
     done = [c for c in cells if c.hash in finished]
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = SWEEP_FORMAT
-            f.attrs["format_version"] = SWEEP_FORMAT_VERSION
-            f.attrs["loradyn_version"] = package_version()
-            f.attrs["git_commit"] = git_commit()
-            f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(
-                timespec="seconds")
-            f.attrs["sweep"] = json.dumps(spec.to_dict(), default=str)
-            f.attrs["dimensions"] = json.dumps(spec.dimensions(), default=str)
-            f.attrs["cell_dir"] = cell_dir(out).name
-            f.attrs["n_cells"] = len(cells)
-            f.attrs["n_finished"] = len(done)
-            group = f.create_group("cells")
-            for cell in done:
-                with h5py.File(finished[cell.hash], "r") as src:
-                    group.copy(src, cell.name)
-                g = group[cell.name]
-                g.attrs["cell_index"] = cell.index
-                g.attrs["hash"] = cell.hash
-                g.attrs["axes"] = json.dumps(cell.axes, default=str)
-            f.attrs["complete"] = len(done) == len(cells)
-        atomic_replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with hdf5_writer(out) as f:
+        f.attrs["format"] = SWEEP_FORMAT
+        f.attrs["format_version"] = SWEEP_FORMAT_VERSION
+        f.attrs["loradyn_version"] = package_version()
+        f.attrs["git_commit"] = git_commit()
+        f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        f.attrs["sweep"] = json.dumps(spec.to_dict(), default=str)
+        f.attrs["dimensions"] = json.dumps(spec.dimensions(), default=str)
+        f.attrs["cell_dir"] = cell_dir(out).name
+        f.attrs["n_cells"] = len(cells)
+        f.attrs["n_finished"] = len(done)
+        group = f.create_group("cells")
+        for cell in done:
+            with h5py.File(finished[cell.hash], "r") as src:
+                group.copy(src, cell.name)
+            g = group[cell.name]
+            g.attrs["cell_index"] = cell.index
+            g.attrs["hash"] = cell.hash
+            g.attrs["axes"] = json.dumps(cell.axes, default=str)
+        f.attrs["complete"] = len(done) == len(cells)
     return out
 
 

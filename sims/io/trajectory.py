@@ -14,6 +14,9 @@ no checksum) read as before. A theory curve that blew up (``hermite.ode``: NaN a
 value, in runs that did not diverge there) carries the attributes ``blowup_runs`` and
 ``blowup_step`` (the first checkpoint step that is NaN).
 
+An OS error while writing (no space, permission, read-only filesystem, quota, I/O error) is
+one line naming the file, the temporary file removed (:mod:`sims.io.atomic`, issue 37).
+
 A run stopped by SIGINT/SIGTERM (``loradyn run``, issue 26) is written the same way, complete
 and checksummed, with its checkpoints up to the last one reached and the root attributes
 ``interrupted`` (True), ``interrupted_at_step`` (the step the engine stopped at; the config's
@@ -27,7 +30,6 @@ import datetime as _dt
 import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 import h5py
@@ -35,6 +37,7 @@ import numpy as np
 
 from dynamics.instance import distinct_instances
 from dynamics.trajectory import Trajectory
+from sims.io.atomic import hdf5_writer
 
 __all__ = [
     "FORMAT",
@@ -42,6 +45,7 @@ __all__ = [
     "DATASETS",
     "TrajectoryFileError",
     "write_trajectory",
+    "trajectory_bytes",
     "read_trajectory",
     "check_writable",
     "git_commit",
@@ -188,22 +192,25 @@ def check_writable(path) -> Path:
     return path
 
 
-def _default_mode() -> int:
-    """0o666 less the process umask: the mode an ordinary ``open(path, "w")`` would give."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+def trajectory_bytes(runs: int, checkpoints: int) -> int:
+    """A lower bound on the size of a trajectory file: its (R, C) arrays that every file has
+    (``overlap``, ``loss``, ``ode``), its per-run arrays and ``steps``, as float64/int64."""
+    per_run = sum(axes == "R" and name not in OPTIONAL
+                  for name, (_, axes, _) in DATASETS.items())
+    return 8 * (3 * runs * checkpoints + per_run * runs + checkpoints)
 
 
 def write_trajectory(path, traj: Trajectory, config, instances=None, *,
                      created: str | None = None, interrupted_at: int | None = None,
-                     interrupted_by: str = "SIGINT") -> Path:
-    """Write one trajectory file atomically (temporary file + ``os.replace``).
+                     interrupted_by: str = "SIGINT", attrs: dict | None = None) -> Path:
+    """Write one trajectory file atomically (:func:`sims.io.atomic.hdf5_writer`: temporary
+    file + ``os.replace``; an OS error is one line naming ``path``).
 
     ``instances``: the runs' resolved instances; default: those the trajectory carries
     (``Trajectory.instances``, set by every engine), so nothing is rebuilt.
     ``interrupted_at``: the step an interrupted run stopped at (the file is then marked
-    interrupted, module docstring); ``interrupted_by``: the signal's name.
+    interrupted, module docstring); ``interrupted_by``: the signal's name. ``attrs``: more
+    root attributes (a sweep cell's).
     """
     path = check_writable(path)
     if instances is None:
@@ -223,30 +230,22 @@ def write_trajectory(path, traj: Trajectory, config, instances=None, *,
     if interrupted_at is not None:
         meta |= {INTERRUPTED_ATTR: True, "interrupted_at_step": int(interrupted_at),
                  "interrupted_by": str(interrupted_by)}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp.h5")
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            write_info(f, meta)
-            for name in DATASETS:
-                data = _dataset_value(traj, name, index)
-                if data is not None:
-                    write_array(f, name, data)
-                    for key, val in traj.extra_attrs.get(name, {}).items():
-                        f[name].attrs[key] = val  # e.g. which ODE ``ode`` is (its note)
-            for name, (runs, step) in blowups(traj).items():
-                f[name].attrs["blowup_runs"] = runs
-                f[name].attrs["blowup_step"] = step
-            for name, arr in traj.extra.items():
-                ds = create_checked(f, f"extra/{name}", arr)
-                for key, val in getattr(traj, "extra_attrs", {}).get(name, {}).items():
-                    ds.attrs[key] = val
-            f.attrs[COMPLETE_ATTR] = True
-        os.chmod(tmp, _default_mode())  # mkstemp creates 0600; give the file umask rights
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with hdf5_writer(path) as f:
+        write_info(f, meta | (attrs or {}))
+        for name in DATASETS:
+            data = _dataset_value(traj, name, index)
+            if data is not None:
+                write_array(f, name, data)
+                for key, val in traj.extra_attrs.get(name, {}).items():
+                    f[name].attrs[key] = val  # e.g. which ODE ``ode`` is (its note)
+        for name, (runs, step) in blowups(traj).items():
+            f[name].attrs["blowup_runs"] = runs
+            f[name].attrs["blowup_step"] = step
+        for name, arr in traj.extra.items():
+            ds = create_checked(f, f"extra/{name}", arr)
+            for key, val in getattr(traj, "extra_attrs", {}).get(name, {}).items():
+                ds.attrs[key] = val
+        f.attrs[COMPLETE_ATTR] = True
     return path
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from dynamics.trajectory import Trajectory
+from sims.io.atomic import atomic_file
 from sims.io.sweep import SWEEP_FORMAT, file_format, read_sweep
 from sims.io.trajectory import read_trajectory
 
@@ -40,7 +41,8 @@ __all__ = ["Curve", "QUANTITIES", "NEEDS", "THEORY", "X_UNITS", "X_CHOICES", "TI
            "load_curves", "split_runs", "plot_curves", "draw_panel", "legend", "describe",
            "wrap_title", "save_figure", "curve_attributes", "quantity_values",
            "aligned_c_overlap", "lacking", "resolve_x", "no_theory_reason", "theory_notes",
-           "readable_ticks", "compact_formatter", "theory_color", "legend_keys"]
+           "left_out_notes", "readable_ticks", "compact_formatter", "theory_color",
+           "legend_keys"]
 
 # quantity → (y label, source: a Trajectory attribute, "extra:NAME", or "aligned" (computed))
 QUANTITIES = {
@@ -91,6 +93,7 @@ THEORY = {
 }
 THEORY["loss"] += ("extra:ode_loss_true",)  # linearized: the true loss at its mean Δ
 THEORY["loss_linear"] = ("extra:ode_loss_linear", "extra:floor_linear")
+LEFT_OUT = ("no_theory", "corrected")  # a theory dataset's attributes: why a line is missing
 THEORY_ZORDER = 3  # above the medians (Line2D default 2) and bands
 REFERENCE_LABELS = {
     "matrix_ode": "matrix ODE (σ_a of its M_t)",
@@ -214,14 +217,34 @@ def load_curves(paths) -> list[Curve]:
                 raise ValueError(f"{path}: the sweep has no finished cell yet")
             for cell in cells:
                 src = f"{path}::{cell.name}"
+                _with_dataset_attrs(cell.traj, path, f"cells/{cell.name}")
                 curves.extend(split_runs(Curve(
                     cell.traj, curve_attributes(cell.config, cell.axes, src), src,
                     cell.config, meta.get("dimensions") or {})))
         else:
             traj, meta = read_trajectory(path)
+            _with_dataset_attrs(traj, path, "/")
             attrs = curve_attributes(meta.get("config") or {}, None, str(path))
             curves.extend(split_runs(Curve(traj, attrs, str(path), meta.get("config") or {})))
     return curves
+
+
+def _with_dataset_attrs(traj: Trajectory, path, group: str) -> None:
+    """Add to ``traj.extra_attrs`` the attributes of the theory datasets (``THEORY``) in
+    ``group`` of the file (a sweep cell's or the root; the readers keep at most a dataset's
+    ``note``): why a theory line is missing (``LEFT_OUT``) is recorded there."""
+    import h5py
+
+    from sims.io.trajectory import plain_attrs
+
+    names = {s for sources in THEORY.values() for s in sources}
+    with h5py.File(path, "r") as f:
+        for name in names:
+            where = f"{group.rstrip('/')}/{name.replace('extra:', 'extra/')}"
+            attrs = plain_attrs(f[where]) if where in f else {}
+            if attrs:
+                key = name.removeprefix("extra:")
+                traj.extra_attrs[key] = attrs | traj.extra_attrs.get(key, {})
 
 
 # ---------------------------------------------------------------- formatting
@@ -647,6 +670,23 @@ def _drawn_theory_notes(curves, quantity: str) -> list[str]:
     return out
 
 
+def left_out_notes(curves, quantity: str = "overlap") -> list[str]:
+    """Why a theory line of ``quantity`` is missing where its file says so, once each: the
+    ``LEFT_OUT`` attributes of the quantity's theory datasets (a line over its cost budget,
+    one whose integration failed: dynamics.theory_overlay.finetune_theory); ``band`` only
+    where the quantity draws a band."""
+    keys = LEFT_OUT + (("band",) if quantity in ("overlap", "c_overlap") else ())
+    out = []
+    for c in curves:
+        for source in THEORY.get(quantity, ()):
+            attrs = getattr(c.traj, "extra_attrs", {}).get(source.removeprefix("extra:"), {})
+            for key in keys:
+                why = attrs.get(key)
+                if why and str(why) not in out:
+                    out.append(str(why))
+    return out
+
+
 def theory_notes(curves, quantity: str = "overlap", label_keys=None) -> list[str]:
     """One line per reason why curves holding ``quantity`` have no theory line:
     ``no theory line: REASON``, or ``no theory line for A; B: REASON`` where only some
@@ -666,6 +706,8 @@ def theory_notes(curves, quantity: str = "overlap", label_keys=None) -> list[str
             out.append(f"no theory line: {reason}")
         else:
             out.append(f"no theory line for {names}: {reason}")
+    said = " ".join(out)
+    out += [why for why in left_out_notes(have, quantity) if why not in said]
     return out + _drawn_theory_notes(have, quantity)
 
 
@@ -841,14 +883,17 @@ def _check_options(curves, quantity, xscale, hue, facet, style):
             raise ValueError(f"unknown {opt} axis {name!r}; available: {', '.join(known)}")
 
 
-def save_figure(fig, path) -> Path:
-    """Save by extension (.png, .pdf, .svg) and close the figure."""
+def save_figure(fig, path, dpi: int = 130) -> Path:
+    """Save by extension (.png, .pdf, .svg), atomically (:func:`sims.io.atomic.atomic_file`:
+    an OS error is one line naming ``path``, an earlier file kept), and close the figure."""
     import matplotlib.pyplot as plt
 
     path = Path(path)
     if path.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise ValueError(f"--out {path}: the extension must be .png, .pdf or .svg")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    try:
+        with atomic_file(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format=path.suffix.lower()[1:])
+    finally:
+        plt.close(fig)
     return path

@@ -17,6 +17,7 @@ from .curves import (
     draw_panel,
     legend,
     legend_keys,
+    save_figure,
     split_runs,
     teacher_label,
     theory_notes,
@@ -111,13 +112,8 @@ def run_figure(traj: Trajectory, title: str, *, config=None, x: str = "auto",
 
 
 def _save(fig, notes, path) -> Path:
-    """Write ``fig`` (closed after) and each note on stderr."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    """Write ``fig`` (closed after; :func:`save_figure`) and each note on stderr."""
+    path = save_figure(fig, path, dpi=120)
     for note in notes:
         click.echo(f"note: {note}", err=True)
     return path
