@@ -259,3 +259,9 @@ def test_readme_sections_are_kept_in_order(tmp_path):
                      "## Figure 2 (quick, App. B convention appB-sqrt)"]
     assert text.startswith(INTRO) and text.endswith("\n<!-- scaling -->\nother\n")
     assert "\n\n\n" not in text
+
+
+def test_help_lists_every_target_with_what_it_draws():
+    out = CliRunner().invoke(cli, ["reproduce", "--help"]).output
+    for name, recipe in FIGURES.items():
+        assert recipe.summary and f"{name}  {recipe.summary}" in out, name

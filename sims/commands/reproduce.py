@@ -28,7 +28,16 @@ from sims.io.outputs import Output
 __all__ = ["reproduce"]
 
 
-@click.command("reproduce",
+def _targets() -> str:
+    """The targets and what each draws, for ``--help`` (click keeps \\b paragraphs as
+    they are)."""
+    width = max(map(len, FIGURES))
+    return "\b\nTargets:\n" + "\n".join(
+        f"  {name:<{width}}  {recipe.summary}" for name, recipe in FIGURES.items()) + (
+        f"\n  {'all':<{width}}  every figure above, in order")
+
+
+@click.command("reproduce", epilog=_targets(),
                short_help="Reproduce the figures of the paper's appendix B (fig1 … fig6).")
 @click.argument("figures", nargs=-1, required=True,
                 type=click.Choice([*FIGURES, "all"]))

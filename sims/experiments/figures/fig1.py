@@ -32,6 +32,8 @@ def panels(quick: bool) -> tuple:
 
 RECIPE = Recipe(
     name="fig1",
+    summary=("fine-tuning at ξ = √k for ReLU, sigmoid, quadratic, He₃ (no plateau); He₃ as ξ "
+             "grows (a plateau forms)"),
     caption="(a) Fine-tuning regime ξ = √k: |⟨û_t, u⟩| for σ ∈ {ReLU, sigmoid, quadratic, "
             "He₃}, ĉ and û trained jointly, û not projected, each at its own η = c/d: all "
             "rise without a plateau at initialization. (b) He₃ for growing ξ at one η: a "

@@ -17,6 +17,7 @@ def sweep(quick: bool) -> dict:
 
 RECIPE = Recipe(
     name="fig2",
+    summary=("10 random instances, ReLU, ξ = 1: ĉ trained jointly or frozen, the same S-curves"),
     caption="⟨û_t, u⟩ for 10 random instances (one run each), ReLU, ξ = 1, projected û: "
             "(a) ĉ trained jointly, (b) ĉ frozen at its random start. Same S-shaped "
             "trajectories, on different time scales. Convention: " + CONVENTION + ".",

@@ -19,6 +19,8 @@ def sweep(quick: bool) -> dict:
 
 RECIPE = Recipe(
     name="fig3",
+    summary=("fine-tuning against its linearization (NTK) at ξ = √k: the linearized model "
+             "stalls"),
     caption="ReLU, ξ = √k, ĉ and û trained jointly: (a) population loss of low-rank "
             "fine-tuning and of its linearization around the base model (learner "
             "`linearized`: SGD on the first-order Taylor model f₀ + Σⱼ λⱼσ′(zⱼ)⟨(I − wⱼwⱼᵀ)Δⱼ, x⟩ "

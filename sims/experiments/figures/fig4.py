@@ -44,6 +44,7 @@ def sweep(quick: bool) -> dict:
 
 RECIPE = Recipe(
     name="fig4",
+    summary=("four activations at ξ = 1 and ξ = √k, ĉ joint, û unprojected: no plateau"),
     caption="|⟨û_t, u⟩| for σ ∈ {ReLU, sigmoid, quadratic, He₃}, ĉ and û trained jointly, "
             "û not projected: (a) ξ = 1, (b) ξ = √k. Each activation runs at its own η = c/d "
             "(c from the instance's noise floor, in the legend); no activation shows a plateau "

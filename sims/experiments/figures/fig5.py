@@ -21,6 +21,8 @@ def sweep(quick: bool) -> dict:
 
 RECIPE = Recipe(
     name="fig5",
+    summary=("u with a component in span(W): ‖Π_W u‖ ∈ {0, 1/4, 1/2, 3/4}, and random "
+             "instances"),
     caption="ReLU, ξ = 1, ĉ and û trained jointly, û not projected, u with a component "
             "‖Π_W u‖ in span(W): (a) ‖Π_W u‖ ∈ {0, 1/4, 1/2, 3/4} (median and 10–90 % band of "
             "8 runs on one instance), (b) 10 random instances at ‖Π_W u‖ = 1/2: generic "

@@ -29,6 +29,7 @@ def sweep(quick: bool) -> dict:
 
 RECIPE = Recipe(
     name="fig6",
+    summary=("He₃ as ξ grows: the plateau at initialization and its length against ξ/√k"),
     caption="He₃, ĉ and û trained jointly, û not projected, one η = c/d for every ξ: "
             "(a) short time scale, (b) long time scale (log steps). For ξ = O(√k) the "
             "overlap rises at once; as ξ grows towards the feature-learning threshold "

@@ -59,7 +59,8 @@ class Panel:
 @dataclass(frozen=True)
 class Recipe:
     """A figure: name, caption, ``sweep(quick)`` → sweep dict, ``panels(quick)`` → Panels,
-    and the learner it needs beyond ``finetune`` (None if none)."""
+    the learner it needs beyond ``finetune`` (None if none), and a one-line ``summary``
+    (``loradyn reproduce --help``)."""
 
     name: str
     caption: str
@@ -67,6 +68,7 @@ class Recipe:
     panels: Callable[[bool], tuple]
     learner: str | None = None
     notes: str = ""
+    summary: str = ""
 
 
 def unit_row_instance(activation: str, d: int, k: int, xi: float = 1.0, **extra) -> dict:
