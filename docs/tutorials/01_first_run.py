@@ -207,8 +207,10 @@ to_dataframe(ds).head()
 # ## The same from the command line
 #
 # `loradyn run` does all of the above from a spec file. With `--json` it prints the mean
-# curves, the loss and a summary of every recorded quantity. (In a shell:
-# `loradyn run spec.toml --runs 32 --steps 8000 --eta 0.002 --out first_cli.h5 --json`.)
+# curves, the loss and a summary of every recorded quantity. Its default engine is `auto`
+# (the exact chain where there is one); `--engine full` asks for the engine used above.
+# (In a shell: `loradyn run spec.toml --runs 32 --steps 8000 --eta 0.002 --engine full
+# --out first_cli.h5 --json`.)
 
 # %%
 spec_file = workdir / "spec.toml"
@@ -241,6 +243,8 @@ out = json.loads(
         eta,
         "--checkpoints",
         40,
+        "--engine",
+        "full",
         "--out",
         workdir / "first_cli.h5",
         "--json",
