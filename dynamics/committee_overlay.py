@@ -21,7 +21,12 @@ starts) decides: beyond :data:`SECOND_ORDER_BUDGET_S`
 seconds, or K + M > :data:`SECOND_ORDER_MAX_FIELDS` there, the ODE is integrated to first
 order in η̄ only, and says so: the datasets' ``order`` (1), ``order_reason`` and ``note``
 attributes (the note quantifies the dropped η² terms at the first start: their share of
-the drift and η·d) and a note on stderr. ``config.finite_d_theory``
+the drift and η·d) and a note on stderr. What else a figure must say is recorded on the
+datasets too: ``no_theory`` (the ODE failed from every start), ``partial`` (from some: NaN
+there), the ``note``'s tail where the diffusion was skipped for its cost or failed, and on
+``ode_loss`` ``clamped_below_zero`` = n, the values whose plain sum Σ c_a c_b I2 was below 0
+(an integrated state just outside the PSD cone near ε = 0; ``hermite.committee`` gives the
+loss of the feature Gram's PSD part there, ≥ 0). ``config.finite_d_theory``
 (``--no-finite-d-theory``) switches the whole overlay off, as it does finetune's finite-d
 theory.
 """
@@ -83,7 +88,8 @@ def committee_model(inst, *, loss: str, eta: float, eta_c: float | None = None,
                     second_order: bool = True, rows: str = "unit",
                     method: str = "auto") -> CommitteeModel:
     """The committee model of a network learner (unit or free ``rows``) on instance ``inst``
-    (dimension ``inst.d``): lr = η·d, lr_v = η_c·d (None: λ̂ frozen), loss_scale 1."""
+    (dimension ``inst.d``): ``CommitteeModel.lr`` = η̄ = η·d (nn2pp's lr is 2·η·d: its loss
+    has a ½, docs/theory/committee-engine.md), lr_v = η_c·d (None: λ̂ frozen), loss_scale 1."""
     d = float(inst.d)
     return CommitteeModel(
         inst.activation, inst.teacher_gram(), np.asarray(inst.lam, float) * inst.output_scale,
@@ -179,8 +185,11 @@ def first_order_note(start, reason: str, K: int, M: int, eta_d: float) -> str:
 
 
 def integrate(model: CommitteeModel, state: CommitteeState, steps, d: int, *,
-              diagonal: bool = False) -> tuple[np.ndarray, np.ndarray, str]:
-    """(loss (C,), alignment (C,), integrator) at checkpoint ``steps`` (from steps[0])."""
+              diagonal: bool = False, tally: dict | None = None
+              ) -> tuple[np.ndarray, np.ndarray, str]:
+    """(loss (C,), alignment (C,), integrator) at checkpoint ``steps`` (from steps[0]).
+    ``tally``: its ``below_zero`` grows by the checkpoints whose plain loss sum was below 0
+    (``CommitteeTrajectory.below_zero``: the loss there is that of the PSD part, ≥ 0)."""
     steps = np.asarray(steps, dtype=np.int64)
     alphas = (steps - steps[0]) / float(d)
     span = int(steps[-1] - steps[0])
@@ -188,6 +197,8 @@ def integrate(model: CommitteeModel, state: CommitteeState, steps, d: int, *,
     with np.errstate(divide="ignore", over="ignore"):  # degenerate pairs (R = T) in quadrature
         tr = committee_ode(model, state, alphas, integrator=integrator, N=float(d),
                            rtol=RTOL, atol=ATOL)
+    if tally is not None:
+        tally["below_zero"] = tally.get("below_zero", 0) + tr.below_zero
     return tr.loss, _alignment(tr, model, diagonal), integrator
 
 
@@ -201,24 +212,30 @@ def _alignment(tr, model: CommitteeModel, diagonal: bool) -> np.ndarray:
 
 
 def integrate_batch(model: CommitteeModel, states, steps, d: int, *,
-                    diagonal: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+                    diagonal: bool = False, tally: dict | None = None
+                    ) -> list[tuple[np.ndarray, np.ndarray]]:
     """[(loss (C,), alignment (C,))] of :func:`integrate` (``solve_ivp``) for several starts
-    of one model at once (``hermite.committee.committee_ode_batch``: one stacked system)."""
+    of one model at once (``hermite.committee.committee_ode_batch``: one stacked system);
+    ``tally["each"]``: each start's ``below_zero`` (:func:`integrate`)."""
     steps = np.asarray(steps, dtype=np.int64)
     alphas = (steps - steps[0]) / float(d)
     with np.errstate(divide="ignore", over="ignore"):
         trs = committee_ode_batch(model, states, alphas, rtol=RTOL, atol=ATOL)
+    if tally is not None:  # per start, in the order of ``states``
+        tally["each"] = [tr.below_zero for tr in trs]
     return [(tr.loss, _alignment(tr, model, diagonal)) for tr in trs]
 
 
 def plan_diffusion(activation, eta_d: float, d: int, batch: int, span: int, starts: int,
-                   K: int, M: int, checkpoints: int, paths: int | None = -1) -> int | None:
+                   K: int, M: int, checkpoints: int, paths: int | None = -1,
+                   why: dict | None = None) -> int | None:
     """Paths per start of the diffusion (``hermite.committee.diffusion``) recorded instead of
     the deterministic ODE, or None: where η·d ≥ :data:`NOISE_NOTE_ETA_D` (the step noise
     moves the plateau escape) over more than :data:`ODE_EVALS` steps, with
     :data:`DIFFUSION_PATHS` paths in all (at least one per start) within
     :data:`SECOND_ORDER_BUDGET_S` by :func:`diffusion_seconds`. ``paths`` ≥ 1 forces that
-    many, None forces the ODE."""
+    many, None forces the ODE. ``why``: gets ``skipped`` (one line) where the diffusion was
+    due but is over the budget."""
     if paths is None or paths >= 1:
         return paths
     if eta_d < NOISE_NOTE_ETA_D or span <= ODE_EVALS:
@@ -226,7 +243,12 @@ def plan_diffusion(activation, eta_d: float, d: int, batch: int, span: int, star
     per = max(1, -(-DIFFUSION_PATHS // starts))
     steps = math.ceil(span / d / DIFFUSION_STEP) + checkpoints
     points = diffusion_points(eta_d, d, batch)
-    if diffusion_seconds(activation, K, M, starts * per, steps, points) > SECOND_ORDER_BUDGET_S:
+    cost = diffusion_seconds(activation, K, M, starts * per, steps, points)
+    if cost > SECOND_ORDER_BUDGET_S:
+        if why is not None:
+            why["skipped"] = (f"the diffusion with SGD's step noise was skipped: ≈ {cost:.0f} s "
+                              f"> {SECOND_ORDER_BUDGET_S:g} s ({starts * per} paths; loradyn "
+                              "hermite committee --noise-paths gives it from run 0's start)")
         return None
     return per
 
@@ -359,13 +381,17 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
     eta_d = config.eta * instances[0].d
     if second_order is not None and noise == -1:
         noise = None  # an order asked for: the deterministic ODE
+    planned: dict = {}
     noise = plan_diffusion(instances[0].activation, eta_d, instances[0].d, config.batch, span,
-                           len(groups), K, M, cps, noise)
+                           len(groups), K, M, cps, noise, why=planned)
+    diffusion_failed = None
     if noise is not None:
         try:
             return _diffusion_records(config, instances, steps, groups, start, noise,
                                       diagonal, rows, eta_d)
         except (ValueError, RuntimeError) as exc:
+            diffusion_failed = (f"the diffusion with SGD's step noise failed ({exc}): the "
+                                "deterministic ODE instead")
             if not quiet:
                 _note(f"committee diffusion failed ({exc}); the ODE instead")
     note = None
@@ -379,6 +405,7 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
             _note(f"{note}; --no-finite-d-theory skips it")
     out_loss, out_align = np.full((runs, cps), np.nan), np.full((runs, cps), np.nan)
     failed, integrator = [], "map" if span <= ODE_EVALS else "solve_ivp"
+    below = 0  # values of out_loss whose plain sum was < 0 (hermite.committee: PSD part)
     batches: dict = {}  # starts of one model (instance, trainable rows): one stacked ODE
     for idx in groups.values():
         batches.setdefault((id(instances[idx[0]]), masks[idx[0]].tobytes()), []).append(idx)
@@ -391,21 +418,26 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
                 failed.append(f"runs {idx[0]}…{idx[-1]}: {exc}")
         d = instances[members[0][0]].d
         if integrator == "solve_ivp" and len(ready) > 1:
+            tally: dict = {}
             try:
                 res = integrate_batch(ready[0][1], [st for _, _, st in ready], steps, d,
-                                      diagonal=diagonal)
-                for (idx, _, _), (lo, al) in zip(ready, res, strict=True):
+                                      diagonal=diagonal, tally=tally)
+                for (idx, _, _), (lo, al), n in zip(ready, res, tally["each"], strict=True):
                     out_loss[idx], out_align[idx] = lo, al
+                    below += n * len(idx)
                 continue
             except (ValueError, RuntimeError):
                 pass  # a start the stacked ODE cannot take: each on its own, to name it
         for idx, model, state in ready:
+            tally = {}
             try:
-                lo, al, integrator = integrate(model, state, steps, d, diagonal=diagonal)
+                lo, al, integrator = integrate(model, state, steps, d, diagonal=diagonal,
+                                               tally=tally)
             except (ValueError, RuntimeError) as exc:
                 failed.append(f"runs {idx[0]}…{idx[-1]}: {exc}")
                 continue
             out_loss[idx], out_align[idx] = lo, al
+            below += tally.get("below_zero", 0) * len(idx)
     if failed and not quiet:
         _note(f"committee ODE failed for {len(failed)} initial state(s), NaN there: "
               f"{failed[0]}")
@@ -413,12 +445,30 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
         note = (f"deterministic committee ODE from each run's start (η·d = {eta_d:.3g}): it "
                 "leaves out SGD's step noise, which makes the plateau escape earlier than "
                 "the ODE's (docs/theory/committee.md)")
+    for extra in (planned.get("skipped"), diffusion_failed):  # what was not recorded instead
+        if extra:
+            note = extra if note is None else f"{note}; {extra}"
     attrs = {"order": order, "order_reason": reason, "integrator": integrator,
              "distinct_odes": len(groups),
              "rows": rows,
              "description": f"committee-machine order-parameter ODE (hermite.committee, {rows} "
                             "rows) from the run's initial overlaps"}
+    lost = int(np.isnan(out_loss).all(axis=1).sum())
+    if failed and lost == runs:  # the plot's legend names it (sims.plots.curves.LEFT_OUT)
+        attrs["no_theory"] = (f"committee ODE left out: it failed from every run's initial "
+                              f"state ({failed[0]})")
+    elif failed:
+        attrs["partial"] = (f"committee ODE failed for {lost} of {runs} runs' initial states, "
+                            f"its median is over the others ({failed[0]})")
     if note is not None:
         attrs["note"] = note
+    loss_attrs = dict(attrs)
+    if below:  # ode_loss only: the alignment has no such sum
+        said = (f"{below} of its loss values come from integrated states just outside the PSD "
+                "cone (integration tolerance near ε = 0: the plain sum Σ c_a c_b I2 was below "
+                "0 there); they are the loss of the PSD part of the feature Gram, ≥ 0 and "
+                "resolved only to the tolerance")
+        loss_attrs["clamped_below_zero"] = below
+        loss_attrs["note"] = f"{note}; {said}" if note else f"committee ODE: {said}"
     return ({"ode_loss": out_loss, "ode_alignment": out_align},
-            {"ode_loss": attrs, "ode_alignment": attrs})
+            {"ode_loss": loss_attrs, "ode_alignment": attrs})

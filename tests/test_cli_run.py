@@ -39,7 +39,7 @@ def test_run_json(runner):
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert set(data) == {"steps", "overlap_mean", "overlap_std", "ode", "ode_corrected",
-                         "loss_kind", "loss_mean", "loss_std", "quantities"}
+                         "loss_kind", "loss_mean", "loss_std", "quantities", "audit"}
     assert data["steps"][0] == 0 and data["steps"][-1] == 300
     # joint ĉ: the plain O(η) ODE of fine-tuning (hermite.finetune_population) and its
     # finite-d corrected form, finite

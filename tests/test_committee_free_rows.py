@@ -414,7 +414,8 @@ def test_cli_free_rows_json_matches_the_recorded_ode(nn2pp_spec, tmp_path):
     out_h5 = tmp_path / "r.h5"
     res = CliRunner().invoke(cli, ["run", nn2pp_spec, "--learner", "scratch", "--rows", "free",
                                    "--eta", "0.00125", "--steps", "400", "--runs", "1",
-                                   "--seed", "5", "--checkpoints", "6", "--out", str(out_h5),
+                                   "--seed", "5", "--checkpoints", "6", "--engine", "full",
+                                   "--out", str(out_h5),
                                    "--plot", str(tmp_path / "r.png")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r.png").stat().st_size > 10_000

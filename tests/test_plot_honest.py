@@ -279,7 +279,9 @@ def test_compact_tick_labels(locs, want):
 
 
 # ---------------------------------------------------------------- 5. theory above the median
-def test_theory_line_is_drawn_above_the_median_in_a_darker_colour():
+def test_theory_line_is_drawn_above_the_median_in_its_colour_white_edged():
+    """Issue 38: the theory line takes its curve's colour (it was a darker shade, near black);
+    a white edge keeps it visible where it lies on the median."""
     traj = synthetic([1.0] * 4)
     traj.ode = traj.overlap.copy()  # the theory coincides with the median
     fig, _ = run_figure(traj, "t", config=FINETUNE)
@@ -288,7 +290,9 @@ def test_theory_line_is_drawn_above_the_median_in_a_darker_colour():
     (theory,) = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
     np.testing.assert_allclose(theory.get_ydata(), median.get_ydata())
     assert theory.get_zorder() > median.get_zorder()
-    assert theory.get_color() != median.get_color()
+    assert np.allclose(matplotlib.colors.to_rgba(theory.get_color()),
+                       matplotlib.colors.to_rgba(median.get_color()))
+    assert theory.get_path_effects()  # the white edge
     assert "population ODE" in legend_texts(fig)
     plt.close(fig)
 

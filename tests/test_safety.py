@@ -28,7 +28,8 @@ from sims.io.trajectory import TrajectoryFileError, read_trajectory
 SPEC = TINY_SPEC_TOML
 BIG = 'activation = "relu"\nk = 5\nd = 2000\nxi = 1.0\nseed = 9\n'
 HUGE = 'activation = "relu"\nk = 5\nd = 1000000\nxi = 1.0\nseed = 9\n'
-FAST = ["--eta", "0.002", "--steps", "200", "--runs", "4", "--checkpoints", "8"]
+# the full engine: these tests are about its memory, interruption and writing
+FAST = ["--eta", "0.002", "--steps", "200", "--runs", "4", "--checkpoints", "8", "--engine", "full"]
 SWEEP = """
 [sweep]
 name = "tiny"
@@ -229,7 +230,8 @@ def test_refusal_says_how_many_runs_fit(here, monkeypatch):
     Path("big.toml").write_text(BIG)
     monkeypatch.setenv("LORADYN_MEMORY", "2G")
     no_compute(monkeypatch)
-    line = one_line_error(invoke("run", "big.toml", "--runs", 300000, "--steps", 100,
+    line = one_line_error(invoke("run", "big.toml", "--engine", "full", "--runs", 300000,
+                                 "--steps", 100,
                                  "--eta", "1e-5", "--out", "b.h5"))
     assert "2 GiB available" in line
     fit = int(line.split("at most ")[1].split(" runs fit")[0])

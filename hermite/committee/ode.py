@@ -32,14 +32,17 @@ With D_kb = E[δ_k b] (b any field) and S_kl = E[δ_k δ_l], by Stein's lemma (i
     dv_k/dα = 2 s η̄_v Σ_c c_c I2(λ_k, c).
 
 The generalisation error ε = s E[(f* − f̂)²] = s Σ_{ab} c_a c_b I2(a, b) over all K + M fields
-(with c = (−v, A), noise excluded); the alignment is the mean over teacher neurons m of
-max_k |R_km|/√(Q_kk T_mm) (the ``scratch`` learner's ``overlap``).
+(with c = (−v, A), noise excluded), computed as s cᵀG₊c from the PSD part G₊ of the feature
+Gram G_ab = I2(a, b), so that it never goes below 0 where an integrated state near ε = 0 left
+the PSD cone by the integrator's tolerance (:func:`committee_loss_batch`); the alignment is
+the mean over teacher neurons m of max_k |R_km|/√(Q_kk T_mm) (the ``scratch`` learner's
+``overlap``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.integrate
@@ -50,6 +53,7 @@ __all__ = ["CommitteeState", "CommitteeModel", "CommitteeTrajectory", "DriftTerm
            "committee_drift", "committee_terms", "committee_terms_batch", "committee_step",
            "committee_ode", "committee_ode_batch",
            "committee_loss", "committee_alignment", "committee_loss_batch",
+           "committee_loss_terms",
            "committee_alignment_batch", "drift_from_terms", "joint_cov_batch",
            "ROWS", "LOSSES", "INTEGRATORS"]
 
@@ -345,7 +349,8 @@ def committee_step(model: CommitteeModel, state: CommitteeState, N: float) -> Co
 
 def committee_loss(model: CommitteeModel, state: CommitteeState, *,
                    check: bool = True) -> float:
-    """ε = s E[(f* − f̂)²] = s Σ_ab c_a c_b I2(a, b), c = (−v, A), s = ``model.loss_scale``.
+    """ε = s E[(f* − f̂)²] = s cᵀ G c ≥ 0, G_ab = I2(a, b), c = (−v, A),
+    s = ``model.loss_scale`` (:func:`committee_loss_batch`: G's PSD part).
 
     ``check=False`` skips :meth:`CommitteeModel.check_state` (an integrated state at the
     R = T fixed point is PSD only up to the integrator's error)."""
@@ -355,7 +360,21 @@ def committee_loss(model: CommitteeModel, state: CommitteeState, *,
 
 
 def committee_loss_batch(model: CommitteeModel, Q, R, v) -> np.ndarray:
-    """:func:`committee_loss` of B states (no check): Q (B, K, K), R (B, K, M), v (B, K)."""
+    """:func:`committee_loss` of B states (no check): Q (B, K, K), R (B, K, M), v (B, K).
+
+    ε = s cᵀ G₊ c = s Σ_i max(γ_i, 0) ⟨e_i, c⟩², with G = (I2(a, b)) the fields' feature Gram
+    E[g(λ_a) g(λ_b)] (PSD for a valid state) and γ_i, e_i its eigenpairs: never below 0.
+    The plain sum s Σ_ab c_a c_b I2(a, b) (:func:`committee_loss_terms`) is the same number
+    to rounding for a valid state, but an integrated state near ε = 0 lies outside the PSD
+    cone by the integrator's tolerance (its joint covariance has an eigenvalue ≈ −10⁻⁶ at
+    rtol 10⁻⁶), and the sum then goes below 0 (−1.6·10⁻⁸ in nn2pp's setting at N = 10⁴)."""
+    return committee_loss_terms(model, Q, R, v)[0]
+
+
+def committee_loss_terms(model: CommitteeModel, Q, R, v) -> tuple[np.ndarray, np.ndarray]:
+    """(ε ≥ 0 of :func:`committee_loss_batch`, the plain sum s Σ_ab c_a c_b I2(a, b)) of B
+    states: where the second is below 0 the state is outside the PSD cone (counted by
+    :func:`committee_ode` as ``below_zero``)."""
     Q, R, v = (np.asarray(a, dtype=np.float64) for a in (Q, R, v))
     B, K = Q.shape[:2]
     M = model.M
@@ -365,7 +384,16 @@ def committee_loss_batch(model: CommitteeModel, Q, R, v) -> np.ndarray:
     coef = np.concatenate([-v, np.broadcast_to(model.A, (B, M))], axis=1)
     a, b = pl.all_pairs[:, 0], pl.all_pairs[:, 1]
     mult = np.where(a == b, 1.0, 2.0)
-    return model.loss_scale * np.sum(mult * coef[:, a] * coef[:, b] * I2, axis=1)
+    plain = model.loss_scale * np.sum(mult * coef[:, a] * coef[:, b] * I2, axis=1)
+    G = np.zeros((B, K + M, K + M))
+    G[:, a, b] = I2
+    G[:, b, a] = I2
+    if not np.all(np.isfinite(G)):
+        return plain, plain
+    gam, vec = np.linalg.eigh(G)
+    proj = np.einsum("bji,bj->bi", vec, coef)
+    psd = model.loss_scale * np.sum(np.maximum(gam, 0.0) * proj * proj, axis=1)
+    return psd, plain
 
 
 def committee_alignment(state: CommitteeState, T, diagonal: bool = False) -> float:
@@ -398,6 +426,7 @@ class CommitteeTrajectory:
     alignment: np.ndarray
     integrator: str
     evaluations: int
+    below_zero: int = 0  # checkpoints whose plain loss sum was < 0 (committee_loss_terms)
 
     def state(self, i: int) -> CommitteeState:
         return CommitteeState(self.Q[i], self.R[i], self.v[i])
@@ -474,13 +503,14 @@ def _trajectory(model, states, alphas, integrator, evaluations) -> CommitteeTraj
     for s_ in states:
         if not (np.all(np.isfinite(s_.Q)) and np.all(np.isfinite(s_.R))):
             raise RuntimeError("the ODE diverged (non-finite order parameters): lower lr")
-    loss = np.array([committee_loss(model, replace(s_, Q=0.5 * (s_.Q + s_.Q.T)), check=False)
-                     for s_ in states])
+    Qs = np.stack([0.5 * (s_.Q + s_.Q.T) for s_ in states])
+    loss, plain = committee_loss_terms(model, Qs, np.stack([s_.R for s_ in states]),
+                                       np.stack([s_.v for s_ in states]))
     align = np.array([committee_alignment(s_, model.T) for s_ in states])
     return CommitteeTrajectory(alphas, np.stack([s_.Q for s_ in states]),
                                np.stack([s_.R for s_ in states]),
                                np.stack([s_.v for s_ in states]), loss, align, integrator,
-                               evaluations)
+                               evaluations, int(np.sum(plain < 0)))
 
 
 def committee_ode_batch(model: CommitteeModel, states, alphas, *, rtol: float = 1e-8,

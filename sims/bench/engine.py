@@ -95,7 +95,10 @@ def _report(res: dict) -> str:
         red = res["reduced"]
         lines.append(f"  reduced engine: {red.get('backend', 'numba (float64)')}, "
                      f"R={red.get('runs', '?')}")
+        used = red.get("steps_used", {})
         lines += [f"  reduced engine  {r_:>12,.0f} run-steps/s at d = {int(dd):,}"
+                  + (f"  (timed over {used[dd]:,} steps: {red['steps']:,} is too short to "
+                     "time)" if used.get(dd, red.get("steps")) != red.get("steps") else "")
                   for dd, r_ in red["run_steps_per_s"].items()]
         lines += [f"  reduced d=1e7 / d=1e2     = {red['ratio_1e7_over_1e2']:8.2f}   (goal ≥ 0.9)",
                   f"  reduced / full at d={red['d']} = {red['ratio_to_full_at_d']:8.1f}x  "
@@ -169,6 +172,7 @@ def reduced_rows(d, k, runs, steps, repeats, full_rate, device="cpu", full_runs=
                           steps=steps, full_d=None, repeat=repeats, device=device)
     rates = res["reduced"]
     return {"run_steps_per_s": {str(dd): r for dd, r in rates.items()},
+            "steps": steps, "steps_used": {str(dd): n for dd, n in res["steps_used"].items()},
             "runs": runs, "full_runs": full_runs or runs, "backend": res["settings"]["backend"],
             "ratio_1e7_over_1e2": rates[max(REDUCED_D)] / rates[min(REDUCED_D)],
             "ratio_to_full_at_d": rates[d] / full_rate, "d": d}

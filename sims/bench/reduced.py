@@ -1,7 +1,11 @@
 """Throughput of the reduced engine (run-steps/s) across d, and against the full engine.
 
 Run-steps/s = runs × steps / seconds of stepping. Fixed costs (instance packing, initial law,
-observables) are removed by timing two horizons and differencing. The reduced engine is timed
+observables) are removed by timing two horizons and differencing. A difference below
+:data:`MIN_INTERVAL_S` is no measurement (the clock's resolution and the fixed costs' jitter are
+of its size: 500 steps at d = 100 once gave 8·10¹² run-steps/s): the horizon is doubled until
+the difference reaches it, up to :data:`MAX_GROWTH` times the steps asked for, and refused
+beyond (:class:`ShortInterval`). The reduced engine is timed
 through :func:`dynamics.reduced.first_passage_reduced` with an unreachable level (pure
 stepping), the full engine through :func:`dynamics.engine.simulate_full`. All measurements of
 one call are taken in the same process, so their ratios are meaningful even on a shared host.
@@ -9,11 +13,20 @@ one call are taken in the same process, so their ratios are meaningful even on a
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 
-__all__ = ["measure_reduced"]
+__all__ = ["measure_reduced", "MIN_INTERVAL_S", "MAX_GROWTH", "ShortInterval"]
+
+MIN_INTERVAL_S = 0.01  # the shortest timed difference a rate is computed from
+MAX_GROWTH = 1024  # the most the horizon is enlarged to reach it
+
+
+class ShortInterval(ValueError):
+    """A rate whose timed interval stays below :data:`MIN_INTERVAL_S` even at the largest
+    horizon tried."""
 
 
 def _config(d, k, runs, steps, activation, engine, dtype="float64", seed=0, device="cpu"):
@@ -25,21 +38,39 @@ def _config(d, k, runs, steps, activation, engine, dtype="float64", seed=0, devi
                      spacing="linear", engine=engine, dtype=dtype, device=device)
 
 
-def _rate(run, runs, steps, repeat):
+def _rate(run, runs, steps, repeat, steps_used: list | None = None):
     """(wall, cpu) run-steps per second from horizons ``steps`` and ``2·steps``.
 
     Each horizon keeps its fastest of ``repeat`` runs (wall and process CPU time separately),
-    then the two are differenced; cpu counts every thread, so it is per core.
+    then the two are differenced; cpu counts every thread, so it is per core. Where the wall
+    difference is below :data:`MIN_INTERVAL_S`, ``steps`` is doubled and the pair timed again
+    (up to :data:`MAX_GROWTH`·steps; beyond, :class:`ShortInterval`); ``steps_used`` gets the
+    horizon the rate comes from.
     """
-    best = {1: [np.inf, np.inf], 2: [np.inf, np.inf]}
-    for _ in range(repeat):
-        for mult in (1, 2):
-            w0, c0 = time.perf_counter(), time.process_time()
-            run(mult * steps)
-            w, c = time.perf_counter() - w0, time.process_time() - c0
-            best[mult] = [min(best[mult][0], w), min(best[mult][1], c)]
-    work = runs * steps
-    return tuple(work / max(best[2][i] - best[1][i], 1e-9) for i in (0, 1))
+    n = int(steps)
+    while True:
+        best = {1: [np.inf, np.inf], 2: [np.inf, np.inf]}
+        for _ in range(repeat):
+            for mult in (1, 2):
+                w0, c0 = time.perf_counter(), time.process_time()
+                run(mult * n)
+                w, c = time.perf_counter() - w0, time.process_time() - c0
+                best[mult] = [min(best[mult][0], w), min(best[mult][1], c)]
+        wall = best[2][0] - best[1][0]
+        if wall >= MIN_INTERVAL_S:
+            break
+        if 2 * n > MAX_GROWTH * steps:
+            raise ShortInterval(
+                f"{n} steps more took {max(wall, 0) * 1e3:.2g} ms, below the "
+                f"{MIN_INTERVAL_S * 1e3:g} ms a rate needs (the clock's resolution and the "
+                f"fixed costs' jitter), even at {MAX_GROWTH}× the {steps} steps asked for: "
+                "no rate reported")
+        n *= 2
+    if steps_used is not None:
+        steps_used.append(n)
+    work = runs * n
+    cpu = best[2][1] - best[1][1]
+    return work / wall, work / cpu if cpu >= MIN_INTERVAL_S else math.nan
 
 
 def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=10_000,
@@ -50,7 +81,9 @@ def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=10
     On ``device`` cpu the reduced chain is the ``numba`` backend (all cores), on cuda the
     ``numba-cuda`` one (one thread per run, all steps in one launch); both float64.
 
-    Returns {"reduced": {d: rate}, "reduced_per_cpu_s": {d: rate per CPU-second},
+    Returns {"reduced": {d: rate}, "reduced_per_cpu_s": {d: rate per CPU-second (NaN where
+    the CPU time's difference is below MIN_INTERVAL_S)}, "steps_used": {d: the horizon the rate
+    comes from (``steps``, or more where its interval was too short: :func:`_rate`)},
     "ratio_large_small": rate(max d)/rate(min d), "full": rate or None, "full_per_cpu_s",
     "reduced_at_full_d", "ratio_to_full": rate(reduced at full_d)/rate(full), settings}.
     """
@@ -63,9 +96,12 @@ def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=10
             max_steps=n)
 
     reduced(min(d_values))(2)  # compile / load the kernels
-    both = {int(d): _rate(reduced(d), runs, steps, repeat) for d in d_values}
+    used: dict = {}
+    both = {int(d): _rate(reduced(d), runs, steps, repeat, used.setdefault(int(d), []))
+            for d in d_values}
     rates = {d: r[0] for d, r in both.items()}
     out = {"reduced": rates, "reduced_per_cpu_s": {d: r[1] for d, r in both.items()},
+           "steps_used": {d: n[0] for d, n in used.items()},
            "ratio_large_small": rates[max(rates)] / rates[min(rates)],
            "full": None, "ratio_to_full": None,
            "settings": {"k": k, "runs": runs, "steps": steps, "activation": activation,

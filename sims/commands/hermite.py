@@ -365,7 +365,10 @@ def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, t
 @click.option("--learner", default="scratch", metavar="NAME",
               help="A network learner (one with a committee ODE: scratch, scratch-csq, "
                    "sparse).")
-@click.option("--eta", type=float, required=True, help="Step size eta > 0 (lr = eta*d).")
+@click.option("--eta", type=float, required=True,
+              help="Step size eta > 0: the ODE's η̄ = eta·d; nn2pp's lr = 2·eta·d (squared "
+                   "loss, docs/theory/committee-engine.md), so nn2pp's --lr 0.5 at N = 2000 "
+                   "is --eta 0.000125.")
 @click.option("--steps", type=click.IntRange(min=1), required=True, help="Horizon T (SGD steps).")
 @click.option("--width", type=click.IntRange(min=1), default=None,
               help="Student width k' (scratch; another width than k needs "
@@ -411,7 +414,8 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
     spec_dict = load_spec(spec)
     inst = build_instance(spec_dict)
     if inst.d is None:
-        raise ValueError(f"instance spec {spec}: key 'd' is required (lr = eta·d)")
+        raise ValueError(f"instance spec {spec}: key 'd' is required (α = steps/d, "
+                         "η̄ = eta·d)")
     if not inst.unit_rows:
         raise ValueError("the committee ODE needs the unit-row convention")
     having = [n for n in LEARNERS if get_learner(n).committee_loss is not None]
@@ -462,7 +466,8 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
                                  diagonal=cls.diagonal_alignment)
         loss, align, integrator = tr.loss[0], tr.alignment[0], "diffusion"
         extra = {"paths": noise_paths, "loss_se": _clean(tr.loss_se[0])}
-    payload = {"learner": learner, "rows": rows, "eta": eta, "lr": eta * inst.d, "d": inst.d,
+    payload = {"learner": learner, "rows": rows, "eta": eta, "eta_d": eta * inst.d,
+               "nn2pp_lr": nn2pp_lr(eta, inst.d, cls.committee_loss), "d": inst.d,
                "order": 1 if first_order else 2, "integrator": integrator,
                "init": _start_label(init_overlap, init_rows, seed),
                "steps": ck.tolist(), "alpha": (ck / inst.d).tolist(), "loss": _clean(loss),
@@ -471,14 +476,24 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
     def human(p):
         what = (f"committee diffusion, mean of {p['paths']} paths" if "paths" in p
                 else "committee ODE")
-        click.echo(f"{what} ({p['learner']}, {p['rows']} rows, lr = eta·d = "
-                   f"{p['lr']:.4g}, order {p['order']}, {p['integrator']}, {p['init']})")
+        rate = f"η̄ = η·d = {p['eta_d']:.4g}"
+        if p["nn2pp_lr"] is not None:
+            rate += f", nn2pp lr = 2·η·d = {p['nn2pp_lr']:.4g}"
+        click.echo(f"{what} ({p['learner']}, {p['rows']} rows, {rate}, order {p['order']}, "
+                   f"{p['integrator']}, {p['init']})")
         click.echo(f"{'step':>10}  {'alpha':>10}  {'loss':>14}  {'alignment':>10}")
         for t, a, lo, al in zip(p["steps"], p["alpha"], p["loss"], p["alignment"],
                                 strict=True):
             click.echo(f"{t:>10d}  {a:>10.4g}  {_fmt(lo, '>14.8g')}  {_fmt(al, '>10.6f')}")
 
     _emit(payload, as_json, human)
+
+
+def nn2pp_lr(eta: float, d: int, loss: str) -> float | None:
+    """nn2pp's lr of the step size ``eta`` in dimension ``d``: 2·η·d (its loss is
+    ½(y − ŷ)², loradyn's (y − ŷ)²; docs/theory/committee-engine.md), None for a loss nn2pp
+    does not have (correlation)."""
+    return 2.0 * eta * d if loss == "squared" else None
 
 
 def _start_label(init_overlap, init_rows, seed) -> str:

@@ -12,6 +12,7 @@ from sims.plots.curves import (
     QUANTITIES,
     X_CHOICES,
     lacking,
+    legend_notes,
     load_curves,
     plot_curves,
     save_figure,
@@ -55,10 +56,13 @@ def plot(files, quantity, x, xscale, yscale, hue, facet, style, title, out, forc
         curves = load_curves(files)
         fig = plot_curves(curves, quantity=quantity, x=x, xscale=xscale, yscale=yscale,
                           hue=hue, facet=facet, style=style, title=title)
+        notes = theory_notes(curves, quantity)
+        for ax in fig.axes:  # what the legend says besides (values ≤ 0 on a log axis)
+            notes = legend_notes(ax, notes)
         save_figure(fig, out)
     skipped = lacking(curves, quantity)
     click.echo(f"wrote {out} ({len(curves) - len(skipped)} curve(s))")
-    for note in theory_notes(curves, quantity):
+    for note in notes:
         click.echo(f"note: {note}", err=True)
     if skipped:
         files = ", ".join(dict.fromkeys(c.attrs.get("file") or c.source for c in skipped))

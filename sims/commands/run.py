@@ -31,6 +31,7 @@ import click
 import numpy as np
 import tomllib
 
+from dynamics.audit import audit_trajectory
 from dynamics.config import ENGINES, LEARNERS, STREAMS, RunConfig
 from dynamics.defaults import (
     ETA_C,
@@ -151,7 +152,8 @@ def spec_learner(spec: dict) -> str:
 def summary_json(traj) -> dict:
     """{"steps", "overlap_mean", "overlap_std", "ode"[, "ode_corrected"]} over non-diverged
     runs (null for NaN), plus the loss and every recorded quantity's summary
-    (:func:`sims.io.summary.quantity_summaries`)."""
+    (:func:`sims.io.summary.quantity_summaries`) and, keyed by the theory dataset, the theory
+    audit (``audit``: :meth:`dynamics.audit.Audit.as_json`, the numbers the file stores)."""
     ok = ~traj.diverged
     ov = traj.overlap[ok] if ok.any() else np.full((1, traj.steps.size), np.nan)
     with warnings.catch_warnings():
@@ -169,6 +171,7 @@ def summary_json(traj) -> dict:
     if corrected is not None:
         out["ode_corrected"] = clean(corrected)
     out |= quantity_summaries(traj)  # loss and every recorded quantity (issue 18)
+    out["audit"] = {name: a.as_json() for name, a in audit_trajectory(traj).items()}
     report = health(traj)  # present only when something went wrong (issue 16)
     if report["left_sphere"] or report["flat"] or report["ode_blowup"]:
         out["health"] = report
@@ -189,6 +192,12 @@ def _summary_line(traj, notes) -> str:
              f"past 0.9: {100 * s['fraction_past_0.9']:.0f}%",
              "median steps to 0.5: " + (f"{t05:.0f}" if math.isfinite(t05) else "not reached")]
     return "; ".join(notes + parts)
+
+
+def _audit_lines(traj) -> list[str]:
+    """One line per theory line: its audit against the SGD mean (issue 40; the numbers the
+    file stores, :mod:`dynamics.audit`)."""
+    return [audit.text() for audit in audit_trajectory(traj).values()]
 
 
 @click.command("run")
@@ -289,6 +298,8 @@ def _run(spec, given, learner, out, plot, as_json, fields, options) -> None:
         click.echo(json.dumps(summary_json(traj)))
     else:
         click.echo(_summary_line(traj, notes))
+        for line in _audit_lines(traj):
+            click.echo(line)
         click.echo(f"wrote {out}" + (f" and {plot}" if plot else ""))
     if traj.diverged.all():
         first = int(traj.diverged_step.min())

@@ -1,11 +1,19 @@
 """``loradyn show FILE.h5``: what a trajectory file or a sweep file holds (provenance, config,
 summary; for a sweep: its axes, how many of its cells are finished, one line per cell). A run
 stopped by SIGINT/SIGTERM says so: ``interrupted   at step 12000 of 50000 (checkpoints up to
-step 10000)``."""
+step 10000)``.
+
+The summary gives the statistics the figures draw, each named (issue 38): the median final
+|⟨û, u⟩| (what ``loradyn reproduce`` and ``loradyn plot --quantity abs_overlap`` draw; runs
+that end near −u count as recovered) beside the signed median ⟨û, u⟩ (``loradyn run --plot``,
+``loradyn plot``'s default); a from-scratch learner's overlap is its alignment, ≥ 0. A dataset
+that holds nothing (all NaN: no population ODE of ⟨û, u⟩ for this learner) or a placeholder
+(``xi`` of a committee teacher, which has no ξ) is marked as such."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import click
 import h5py
@@ -31,11 +39,45 @@ def describe(path) -> dict:
     out["extra"] = {name: list(np.shape(a)) for name, a in traj.extra.items()}
     with h5py.File(path, "r") as f:
         given = dict(f["extra/alignment"].attrs) if "extra/alignment" in f else {}
+        why = f["ode"].attrs.get("no_theory") if "ode" in f else None
     if "init_rows_sha256" in given:
         out["init_rows"] = {k: _plain(given[k]) for k in ("init_rows", "init_rows_sha256",
                                                           "init_rows_shape", "init_frame")}
     out["interrupted"] = _interruption(meta, traj)
-    out["summary"] = traj.summary()
+    out["summary"] = summary(traj)
+    out["placeholders"] = placeholders(traj, meta.get("config") or {},
+                                       why.decode() if isinstance(why, bytes) else why)
+    return out
+
+
+def summary(traj) -> dict:
+    """``Trajectory.summary()`` (signed ⟨û, u⟩) plus the same of |⟨û, u⟩| (what the
+    reproduce figures draw): ``median_final_abs_overlap``, ``fraction_abs_past_0.9``,
+    ``median_steps_to_abs_0.5``."""
+    out = traj.summary()
+    ok = ~traj.diverged
+    final = np.abs(np.asarray(traj.overlap, float)[ok, -1])
+    hit = np.abs(np.asarray(traj.overlap, float)[ok]) >= 0.5
+    steps = np.where(hit.any(axis=1), np.asarray(traj.steps)[np.argmax(hit, axis=1)], np.nan)
+    out["median_final_abs_overlap"] = float(np.median(final)) if final.size else math.nan
+    out["fraction_abs_past_0.9"] = float(np.mean(final >= 0.9)) if final.size else 0.0
+    out["median_steps_to_abs_0.5"] = (float(np.nanmedian(steps)) if np.isfinite(steps).any()
+                                      else math.nan)
+    return out
+
+
+def placeholders(traj, config: dict, why: str | None = None) -> dict:
+    """Dataset name → why it holds no information: ``ode`` all NaN (no population ODE of
+    ⟨û, u⟩ recorded; ``why``: the file's reason, its ``no_theory`` attribute), ``xi`` of a
+    committee teacher (no ξ: the value is a placeholder)."""
+    out = {}
+    if not np.isfinite(np.asarray(traj.ode, dtype=float)).any():
+        out["ode"] = "all NaN: " + (why or ("no population ODE of ⟨û, u⟩ is recorded for this "
+                                            "run" + (" (its theory is extra/ode_loss, "
+                                                     "extra/ode_alignment)"
+                                                     if "ode_alignment" in traj.extra else "")))
+    if (config.get("instance") or {}).get("teacher") == "committee":
+        out["xi"] = "a placeholder: a committee teacher has no ξ"
     return out
 
 
@@ -86,8 +128,20 @@ def describe_sweep(path) -> dict:
         "name": c.name, "index": int(c.meta.get("cell_index", -1)), "axes": c.axes,
         "learner": c.config.get("learner"), "engine": c.meta.get("engine"),
         "runs": int(c.traj.runs), "steps": int(c.traj.steps[-1]),
-        "summary": c.traj.summary()} for c in cells]
+        "network": "alignment" in c.traj.extra, "summary": summary(c.traj)} for c in cells]
     return out
+
+
+def _final(s: dict, network: bool) -> str:
+    """The median final overlap, named: |⟨û,u⟩| and the signed one (a from-scratch learner:
+    its alignment), and the median steps to 0.5 of the same."""
+    t05 = s["median_steps_to_abs_0.5"]
+    reach = f"{t05:.0f}" if t05 == t05 else "not reached"
+    if network:
+        return (f"median final alignment {s['median_final_overlap']:.4g}, median steps to "
+                f"alignment 0.5 {reach}")
+    return (f"median final |⟨û,u⟩| {s['median_final_abs_overlap']:.4g} (signed ⟨û,u⟩ "
+            f"{s['median_final_overlap']:.4g}), median steps to |⟨û,u⟩| = 0.5 {reach}")
 
 
 def _show_sweep(file, as_json) -> None:
@@ -109,11 +163,9 @@ def _show_sweep(file, as_json) -> None:
     for cell in info["cell_list"]:
         s = cell["summary"]
         axes = " ".join(f"{k}={v}" for k, v in cell["axes"].items())
-        t05 = s["median_steps_to_0.5"]
         click.echo(f"{cell['name']:16s} {axes}  {cell['learner']}/{cell['engine']}, "
                    f"runs {cell['runs']} ({s['diverged']} diverged), steps {cell['steps']}, "
-                   f"median final overlap {s['median_final_overlap']:.4g}, median steps to "
-                   f"0.5 " + (f"{t05:.0f}" if t05 == t05 else "not reached"))
+                   + _final(s, cell["network"]))
 
 
 @click.command("show")
@@ -146,7 +198,8 @@ def show(file, as_json):
     if own:
         click.echo(f"{'options':16s} " + ", ".join(f"{k}={cfg[k]}" for k in own))
     for name, shape in info["datasets"].items():
-        click.echo(f"{'dataset':16s} {name} {tuple(shape)}")
+        why = info["placeholders"].get(name)
+        click.echo(f"{'dataset':16s} {name} {tuple(shape)}" + (f" ({why})" if why else ""))
     for name, shape in info["extra"].items():
         click.echo(f"{'dataset':16s} extra/{name} {tuple(shape)}")
     if info.get("init_rows"):
@@ -156,3 +209,4 @@ def show(file, as_json):
     s = info["summary"]
     click.echo(f"{'summary':16s} " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else
                                                 f"{k}={v}" for k, v in s.items()))
+    click.echo(f"{'final':16s} " + _final(s, "alignment" in info["extra"]))

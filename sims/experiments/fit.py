@@ -71,12 +71,19 @@ def fit_power_law(d_values, times_per_d, n_boot: int = 2000, level: float = 0.95
         raise ValueError("fit_power_law: one array of times per dimension is required")
     if any(s.size == 0 for s in samples):
         raise ValueError("fit_power_law: a dimension has no runs")
+    distinct = np.unique(d)
+    if distinct.size < 2:
+        which = f"one: d = {distinct[0]:g}" if distinct.size else "none"
+        raise ValueError(f"fit_power_law: a power-law fit in d needs at least two values of d "
+                         f"(got {which})")
     med = np.array([censored_median(s) for s in samples])
     reached = np.array([np.mean(np.isfinite(s)) for s in samples])
     ok = np.isfinite(med)
-    if ok.sum() < 2:
-        raise ValueError("fit_power_law: fewer than two dimensions have a finite median "
-                         "hitting time (most runs never reached the target)")
+    if np.unique(d[ok]).size < 2:
+        short = ", ".join(f"{v:g}" for v in d[~ok])
+        raise ValueError(f"fit_power_law: fewer than two values of d have a finite median "
+                         f"hitting time (at d = {short} half or more of the runs never reached "
+                         "the target)")
     logd = np.log(d[ok])
     b, a = _ls_slope(logd, np.log(med[ok]))
     rng = np.random.default_rng(seed)

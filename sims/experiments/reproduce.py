@@ -4,7 +4,8 @@
 ``loradyn sweep``) into ``<out_dir>/<fig>[_quick][_<convention>].h5``, renders the ``.png``
 of the same stem with :func:`render` and, if asked, records the figure, its exact command,
 the convention and the wall time in a section of ``<out_dir>/README.md`` (the rest of the
-README is kept).
+README is kept). With ``echo``, the theory audit of the file's cells (:func:`audit_table`:
+every theory line against the SGD mean of its runs, as the cells store it; issue 40) follows.
 
 ``convention`` is the instance key of ``dynamics.instance``: ``unit`` (default: the theory's
 unit rows, no file suffix) or App. B's ``appB`` / ``appB-sqrt`` model
@@ -23,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dynamics.audit import Audit, fmt_value, stored_audits
 from sims.experiments.figures import FIGURES, Recipe
 from sims.experiments.figures.recipe import CONVENTION_TEXT, convention_caption, with_convention
 from sims.experiments.sweep import run_sweep
@@ -40,7 +42,7 @@ from sims.plots.curves import (
 )
 
 __all__ = ["FIGURES", "CONVENTIONS", "ReproduceResult", "reproduce", "render", "figure_paths",
-           "check_learner", "check_convention", "update_readme"]
+           "check_learner", "check_convention", "update_readme", "audit_table"]
 
 CONVENTIONS = tuple(CONVENTION_TEXT)
 
@@ -123,6 +125,9 @@ def reproduce(name: str, quick: bool = False, out_dir="results", scheduler=None,
     done = run_sweep(spec, h5, scheduler=scheduler, update=update, progress=progress,
                      echo=echo)
     save_figure(render(recipe, h5, quick, convention), png)
+    if echo is not None:
+        for line in audit_table(h5, name):
+            echo(line)
     return ReproduceResult(name, h5, png, time.perf_counter() - start, done.reused, done.cells)
 
 
@@ -207,6 +212,52 @@ def _qualifier(quick: bool, convention: str) -> str:
     words = (["quick"] if quick else []) + (
         [f"App. B convention {convention}"] if convention != "unit" else [])
     return f" ({', '.join(words)})" if words else ""
+
+
+# ---------------------------------------------------------------- theory audit
+AUDIT_HEAD = ("cell", "theory line", "vs", "max |Δ|", "at step", "max |Δ|/SE", "passage",
+              "runs", "verdict")
+
+
+def _cell_labels(cells) -> list[str]:
+    """Each cell named by the axis values that differ between the file's cells."""
+    keys = [k for k in dict.fromkeys(k for c in cells for k in c.axes)
+            if len({repr(c.axes.get(k)) for c in cells}) > 1]
+    return [", ".join(f"{k}={_short(c.axes.get(k))}" for k in keys) or c.name for c in cells]
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _audit_row(label: str, audit: Audit) -> tuple:
+    return (label, *audit.names, fmt_value(audit.max_abs, ".3g"), str(audit.at_step),
+            fmt_value(audit.max_se, ".2g"),
+            fmt_value(audit.passage_ratio, ".3g") if audit.kind == "overlap" else "-",
+            f"{audit.runs}/{audit.total}", audit.verdict())
+
+
+def audit_table(h5, name: str = "") -> list[str]:
+    """The theory audit of a sweep file (:mod:`dynamics.audit`): a header, one row per cell
+    and theory line (max |Δ| = max over checkpoints of |mean over runs of SGD − theory|, its
+    step, the largest |Δ|/SE, the median first-passage ratio t½(SGD)/t½(theory), the runs
+    used, the verdict against max(4 SE, 0.03) (losses: 0.03·|SGD mean|)) and the count
+    ``N of M theory lines within tolerance``; one line where no cell has a theory line."""
+    _, cells = read_sweep(h5)
+    rows = [_audit_row(label, audit) for label, cell in zip(_cell_labels(cells), cells,
+                                                            strict=True)
+            for audit in stored_audits(cell.traj).values()]
+    who = f"{name}: " if name else ""
+    if not rows:
+        return [f"{who}theory audit: no cell records a theory line"]
+    widths = [max(len(r[i]) for r in (AUDIT_HEAD, *rows)) for i in range(len(AUDIT_HEAD))]
+    lines = [f"{who}theory audit (Δ = SGD − theory per run, mean over runs; tolerance "
+             f"|Δ| ≤ max(4 SE, 0.03), losses 0.03·|SGD mean|):"]
+    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+              for r in (AUDIT_HEAD, *rows)]
+    within = sum(r[-1] == "within tolerance" for r in rows)
+    lines.append(f"{who}{within} of {len(rows)} theory lines within tolerance")
+    return lines
 
 
 # ---------------------------------------------------------------- README

@@ -33,6 +33,7 @@ from sims.io.trajectory import (
     DATASETS,
     TrajectoryFileError,
     check_writable,
+    dataset_attrs,
     git_commit,
     open_hdf5,
     package_version,
@@ -180,14 +181,16 @@ TRAJ_FIELDS = {f.name for f in fields(Trajectory)}
 
 
 def _trajectory(g, meta: dict, path=None) -> Trajectory:
-    """A Trajectory from a cell group (every schema dataset that is a Trajectory field)."""
+    """A Trajectory from a cell group (every schema dataset that is a Trajectory field; the
+    datasets' kept attributes, their theory audits among them, in ``extra_attrs``)."""
     path = path or g.file.filename
     arrays = {n: read_dataset(path, g, n) for n in DATASETS if n in g and n in TRAJ_FIELDS}
     extra = ({n: read_dataset(path, g["extra"], n) for n in g["extra"]}
              if "extra" in g else {})
     return Trajectory(**arrays, loss_kind=meta.get("loss_kind", "exact"),
                       dtype=meta.get("dtype", "float64"), device=meta.get("device", "cpu"),
-                      engine=meta.get("engine", "full"), extra=extra)
+                      engine=meta.get("engine", "full"), extra=extra,
+                      extra_attrs=dataset_attrs(g))
 
 
 def read_sweep(path) -> tuple[dict, list[SweepCellData]]:

@@ -12,7 +12,10 @@ damaged inside a dataset fails to read with a one-line :class:`TrajectoryFileErr
 file and the dataset, instead of reading back wrong numbers. Files written before (contiguous,
 no checksum) read as before. A theory curve that blew up (``hermite.ode``: NaN after a finite
 value, in runs that did not diverge there) carries the attributes ``blowup_runs`` and
-``blowup_step`` (the first checkpoint step that is NaN).
+``blowup_step`` (the first checkpoint step that is NaN). Every theory line that has an SGD
+quantity to predict carries its audit against the SGD mean of the same runs
+(:mod:`dynamics.audit`, issue 40): the attributes ``audit_*`` (:data:`dynamics.audit.ATTRS`),
+read back into ``Trajectory.extra_attrs``.
 
 An OS error while writing (no space, permission, read-only filesystem, quota, I/O error) is
 one line naming the file, the temporary file removed (:mod:`sims.io.atomic`, issue 37).
@@ -35,6 +38,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from dynamics.audit import ATTRS as AUDIT_ATTRS
+from dynamics.audit import audit_trajectory
 from dynamics.instance import distinct_instances
 from dynamics.trajectory import Trajectory
 from sims.io.atomic import hdf5_writer
@@ -55,6 +60,7 @@ __all__ = [
     "read_dataset",
     "create_checked",
     "blowups",
+    "dataset_attrs",
     "CHECKSUM",
 ]
 
@@ -245,6 +251,8 @@ def write_trajectory(path, traj: Trajectory, config, instances=None, *,
             ds = create_checked(f, f"extra/{name}", arr)
             for key, val in getattr(traj, "extra_attrs", {}).get(name, {}).items():
                 ds.attrs[key] = val
+        for name, audit in audit_trajectory(traj).items():
+            f[name].attrs.update(audit.attrs())
         f.attrs[COMPLETE_ATTR] = True
     return path
 
@@ -316,6 +324,22 @@ def plain_attrs(obj) -> dict:
     return out
 
 
+KEPT_ATTRS = ("note", *AUDIT_ATTRS)  # of a schema dataset, read back into extra_attrs
+
+
+def dataset_attrs(group) -> dict:
+    """``Trajectory.extra_attrs`` of a file's (or sweep cell's) group: every attribute of each
+    ``extra/`` dataset, a schema dataset's ``note`` and theory audit (``audit_*``)."""
+    extra = group["extra"] if "extra" in group else {}
+    out = {n: a for n in extra if (a := plain_attrs(extra[n]))}
+    for name in DATASETS:
+        if name in group:
+            kept = {k: v for k, v in plain_attrs(group[name]).items() if k in KEPT_ATTRS}
+            if kept:
+                out[name] = kept
+    return out
+
+
 def _attrs(f: h5py.File) -> dict:
     out = plain_attrs(f)
     if "config" in out:
@@ -331,9 +355,7 @@ def read_trajectory(path) -> tuple[Trajectory, dict]:
         arrays = {n: read_dataset(path, f, n) for n in DATASETS if n in f}
         extra = ({n: read_dataset(path, f["extra"], n) for n in f["extra"]}
                  if "extra" in f else {})
-        extra_attrs = {n: a for n in extra if (a := plain_attrs(f["extra"][n]))}
-        extra_attrs |= {n: {"note": plain_attrs(f[n])["note"]} for n in DATASETS
-                        if n in f and "note" in f[n].attrs}
+        extra_attrs = dataset_attrs(f)
     meta["datasets"] = {n: list(a.shape) for n, a in arrays.items()}
     traj = Trajectory(
         steps=arrays["steps"], overlap=arrays["overlap"], loss=arrays["loss"],

@@ -16,17 +16,25 @@ population-optimal refit dashed, the base network's loss dotted), ``update_overl
 and ``aligned_c_overlap`` = ⟨ĉ, c⟩/(‖ĉ‖‖c‖)·sign⟨û, u⟩ per run and checkpoint (rank 1).
 
 Honest figures (issue 26): runs of different ξ or instance are never pooled
-(:func:`split_runs`); theory lines are drawn above the medians in a darker shade of the curve's
-colour and listed in the legend; a curve without one says why (:func:`theory_notes`, on the
-figure and for stderr); from-scratch runs are drawn against α = steps/d by default
-(:func:`resolve_x`); linear axes get short tick labels (:func:`readable_ticks`); facets follow
-the sweep's axis order; titles wrap at their separators (:func:`wrap_title`).
+(:func:`split_runs`); theory lines are drawn above the medians in the curve's own colour (white
+edged, :func:`theory_color`) and listed in the legend; a curve without one says why, named by
+its legend label (:func:`theory_notes`, on the figure and for stderr); from-scratch runs are
+drawn against α = steps/d by default (:func:`resolve_x`); linear axes get short tick labels
+(:func:`readable_ticks`); facets follow the sweep's axis order; titles wrap at their separators
+(:func:`wrap_title`).
+
+Outputs that never mislead (issue 38): on a log y axis values ≤ 0 (a loss at rounding or
+integration tolerance near 0) are left out, not clipped into a cliff, and the panel's legend
+says how many (:func:`panel_notes`); legends sit outside the axes, right of them, the figure
+widened to keep the panels' size (:func:`legend`); titles name every non-default setting
+(batch size b, label noise: ``TITLE_DEFAULTS``).
 """
 
 from __future__ import annotations
 
 import textwrap
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +50,8 @@ __all__ = ["Curve", "QUANTITIES", "NEEDS", "THEORY", "X_UNITS", "X_CHOICES", "TI
            "wrap_title", "save_figure", "curve_attributes", "quantity_values",
            "aligned_c_overlap", "lacking", "resolve_x", "no_theory_reason", "theory_notes",
            "left_out_notes", "readable_ticks", "compact_formatter", "theory_color",
-           "legend_keys"]
+           "legend_keys", "panel_notes", "legend_notes", "widen_for", "TITLE_DEFAULTS",
+           "theory_effects"]
 
 # quantity → (y label, source: a Trajectory attribute, "extra:NAME", or "aligned" (computed))
 QUANTITIES = {
@@ -93,7 +102,8 @@ THEORY = {
 }
 THEORY["loss"] += ("extra:ode_loss_true",)  # linearized: the true loss at its mean Δ
 THEORY["loss_linear"] = ("extra:ode_loss_linear", "extra:floor_linear")
-LEFT_OUT = ("no_theory", "corrected")  # a theory dataset's attributes: why a line is missing
+# a theory dataset's attributes: why a line is missing (``partial``: for some runs only)
+LEFT_OUT = ("no_theory", "corrected", "partial")
 THEORY_ZORDER = 3  # above the medians (Line2D default 2) and bands
 REFERENCE_LABELS = {
     "matrix_ode": "matrix ODE (σ_a of its M_t)",
@@ -113,9 +123,12 @@ SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 X_UNITS = {"steps": "SGD steps t", "alpha": "α = t / d (SGD steps per input dimension)",
            "steps/d": "SGD steps t / d", "eta*steps": "SGD time η·t (steps × step size)"}
 X_CHOICES = ("auto", *X_UNITS)  # auto: α for from-scratch runs, else steps (resolve_x)
-TITLE_KEYS = ("activation", "k", "d", "xi", "W", "learner", "eta", "variant")
+TITLE_KEYS = ("activation", "k", "d", "xi", "W", "learner", "eta", "batch", "label_noise",
+              "variant")
+TITLE_DEFAULTS = {"batch": 1, "label_noise": 0.0}  # named in a title only where not these
 SYMBOL = {"activation": "σ", "xi": "ξ", "eta": "η", "u_alpha": "‖Π_W u‖",
-          "eta_times_d": "ηd", "instance_seed": "instance", "steps_per_d": "T/d"}
+          "eta_times_d": "ηd", "instance_seed": "instance", "steps_per_d": "T/d",
+          "batch": "b", "label_noise": "label noise σ²"}
 BAND = (10, 50, 90)
 
 
@@ -163,6 +176,9 @@ def curve_attributes(config: dict, axes: dict | None = None, source: str = "") -
         "runs": config.get("runs"), "seed": config.get("seed"),
         "instance_seed": inst.get("seed", 0), "file": Path(source.split("::")[0]).name,
     }
+    if config:  # batch size and label noise (TITLE_DEFAULTS: named where not the default)
+        out["batch"] = int(config.get("batch", 1))
+        out["label_noise"] = float(config.get("label_noise", 0.0))
     if out["eta"] and out["d"]:
         out["eta_times_d"] = out["eta"] * out["d"]
     for key, val in (axes or {}).items():
@@ -285,12 +301,15 @@ def legend_keys(curves) -> list[str]:
 
 
 def describe(curves) -> str:
-    """Title: the attributes every curve shares (instance, learner, η)."""
+    """Title: the attributes every curve shares (instance, learner, η, and the batch size and
+    label noise where not the default: ``TITLE_DEFAULTS``)."""
     parts = []
     for key in TITLE_KEYS:
         vals = {repr(c.attrs.get(key)) for c in curves}
-        if len(vals) == 1 and curves[0].attrs.get(key) is not None:
-            parts.append(_fmt(key, curves[0].attrs[key]))
+        value = curves[0].attrs.get(key)
+        if len(vals) == 1 and value is not None and not (
+                key in TITLE_DEFAULTS and value == TITLE_DEFAULTS[key]):
+            parts.append(_fmt(key, value))
     return ", ".join(parts)
 
 
@@ -393,38 +412,83 @@ def _palette(curves, hue):
 
 
 def theory_color(color):
-    """The colour of a curve's theory lines: a darker shade of the curve's, so that a theory
-    line on top of its median stays visible and still reads as the same curve's."""
-    from matplotlib.colors import to_rgb
+    """The colour of a curve's theory lines: the curve's own (a theory line is told from its
+    median by its line style and the white edge of :func:`theory_effects`, which keeps it
+    visible where it lies on the median)."""
+    from matplotlib.colors import to_rgba
 
-    return tuple(0.45 * v for v in to_rgb(color))
+    return to_rgba(color)
 
 
-def _median_line(ax, xs, rows, keep, color, quantity, **style) -> bool:
+def theory_effects(lw: float = 1.4) -> list:
+    """Path effects of a theory line: a white edge under the (dashed) line, so that a theory
+    line in its curve's colour stays visible on top of that curve's median."""
+    import matplotlib.patheffects as pe
+
+    return [pe.Stroke(linewidth=lw + 1.6, foreground="white", alpha=0.9), pe.Normal()]
+
+
+@dataclass
+class _Panel:
+    """What one :func:`draw_panel` call needs to know while drawing: whether y is a log axis,
+    and the values ≤ 0 it left out there (what → checkpoints), per curve label."""
+
+    log: bool = False
+    masked: dict = field(default_factory=dict)
+
+    def positive(self, values, what: str):
+        """``values`` with those ≤ 0 set to NaN on a log axis (counted under ``what``)."""
+        values = np.asarray(values, dtype=float)
+        if not self.log:
+            return values
+        bad = np.isfinite(values) & (values <= 0)
+        if bad.any():
+            self.count(what, int(bad.sum()))
+            values = np.where(bad, np.nan, values)
+        return values
+
+    def count(self, what: str, n: int) -> None:
+        """``n`` more values ≤ 0 of ``what`` left out."""
+        if n:
+            self.masked[what] = self.masked.get(what, 0) + n
+
+
+def _median_line(ax, xs, rows, keep, color, quantity, panel=None, what="theory line",
+                 **style) -> bool:
     """Median over runs of a theory array (R, C) where it has finite values, drawn above the
-    medians in the curve's theory colour."""
+    medians in the curve's colour, white edged (:func:`theory_effects`)."""
     if rows is None:
         return False
     data = np.asarray(rows, dtype=float)[:, keep]
     if not np.isfinite(data).any():
         return False
-    ax.plot(xs, _nanpct(np.abs(data) if quantity == "abs_overlap" else data, 50),
-            color=theory_color(color), zorder=THEORY_ZORDER, **style)
+    med = _nanpct(np.abs(data) if quantity == "abs_overlap" else data, 50)
+    if panel is not None:
+        med = panel.positive(med, what)
+    ax.plot(xs, med, color=theory_color(color), zorder=THEORY_ZORDER,
+            path_effects=theory_effects(style.get("lw", 1.4)), **style)
     return True
 
 
-def _band_median(ax, xs, data, color, label, style, ls, **marks):
-    """Median over runs of ``data`` (R, C) with its 10–90 % band (or every run)."""
+def _band_median(ax, xs, data, color, label, style, ls, panel=None, what="", **marks):
+    """Median over runs of ``data`` (R, C) with its 10–90 % band (or every run); on a log
+    axis (``panel``) without its values ≤ 0."""
+    panel = panel or _Panel()
     lo, med, hi = _nanpct(data, BAND)
     if style == "runs":
         for run in data:
-            ax.plot(xs, run, color=color, lw=0.7, alpha=0.45, ls=ls)
+            ax.plot(xs, panel.positive(run, f"single runs{what}"), color=color, lw=0.7,
+                    alpha=0.45, ls=ls)
     else:
-        ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
-    ax.plot(xs, med, color=color, lw=2, label=label, ls=ls, **marks)
+        where = ~(panel.log & ((lo <= 0) | (hi <= 0)))
+        panel.count(f"10–90 % band{what}", int((~where).sum()))
+        ax.fill_between(xs, lo, hi, where=where, color=color, alpha=0.2, lw=0)
+    ax.plot(xs, panel.positive(med, f"median{what}"), color=color, lw=2, label=label, ls=ls,
+            **marks)
 
 
-def _references(ax, curve, xs, keep, color, quantity, index=None, **marks) -> set:
+def _references(ax, curve, xs, keep, color, quantity, index=None, panel=None, what="",
+                **marks) -> set:
     """The quantity's reference lines (median over the plotted runs), dashed or dotted."""
     drawn = set()
     for source, key, ls in REFERENCES.get(quantity, ()):
@@ -435,12 +499,14 @@ def _references(ax, curve, xs, keep, color, quantity, index=None, **marks) -> se
         if rows.ndim == 1:  # one value per run (base_loss): a horizontal line
             rows = np.repeat(rows[:, None], keep.size, axis=1)
         rows = rows[:, keep] if index is None else rows[:, keep, index]
-        if _median_line(ax, xs, rows, slice(None), color, quantity, lw=1.4, ls=ls, **marks):
+        if _median_line(ax, xs, rows, slice(None), color, quantity, panel,
+                        f"{REFERENCE_LABELS[key]}{what}", lw=1.4, ls=ls, **marks):
             drawn.add(key)
     return drawn
 
 
-def _draw_singular_values(ax, curve, data, xs, keep, color, label, style, ls) -> set:
+def _draw_singular_values(ax, curve, data, xs, keep, color, label, style, ls,
+                          panel=None, what="") -> set:
     """One median (and band) per singular value σ_a, a = 1..r, marker per index."""
     theory = set()
     every = max(1, xs.size // 8)
@@ -448,30 +514,36 @@ def _draw_singular_values(ax, curve, data, xs, keep, color, label, style, ls) ->
         name = "σ" + str(a + 1).translate(SUBSCRIPT)
         lab = name if label == "_nolegend_" else f"{name}: {label}"
         marks = {"marker": MARKERS[a % len(MARKERS)], "markevery": every, "markersize": 5}
-        _band_median(ax, xs, data[:, keep, a], color, lab, style, ls, **marks)
-        theory |= _references(ax, curve, xs, keep, color, "singular_values", a,
+        _band_median(ax, xs, data[:, keep, a], color, lab, style, ls, panel, what, **marks)
+        theory |= _references(ax, curve, xs, keep, color, "singular_values", a, panel, what,
                               markerfacecolor="none", **marks)
     return theory
 
 
-def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-") -> set | None:
-    """One curve on ``ax``: None if it lacks the quantity, else the theory lines drawn."""
+def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-",
+          panel=None, named: bool = True) -> set | None:
+    """One curve on ``ax``: None if it lacks the quantity, else the theory lines drawn
+    (``named``: values left out on a log axis are counted under the curve's label)."""
     data = quantity_values(curve, quantity)
     if data is None:
         return None
+    panel = panel or _Panel()
+    what = f" of “{label}”" if named and label != "_nolegend_" else ""
     xs = _x(curve, x)
     keep = xs > 0 if xscale == "log" else np.ones_like(xs, dtype=bool)
     xs = xs[keep]
     if quantity == "singular_values":
-        return _draw_singular_values(ax, curve, data, xs, keep, color, label, style, ls)
-    _band_median(ax, xs, data[:, keep], color, label, style, ls)
-    theory = _references(ax, curve, xs, keep, color, quantity)
+        return _draw_singular_values(ax, curve, data, xs, keep, color, label, style, ls,
+                                     panel, what)
+    _band_median(ax, xs, data[:, keep], color, label, style, ls, panel, what)
+    theory = _references(ax, curve, xs, keep, color, quantity, panel=panel, what=what)
     if quantity in ("overlap", "abs_overlap"):
         t = curve.traj
-        if _median_line(ax, xs, t.ode, keep, color, quantity, lw=1.4, ls="--"):
+        if _median_line(ax, xs, t.ode, keep, color, quantity, panel, f"population ODE{what}",
+                        lw=1.4, ls="--"):
             theory.add("ode")
         if _median_line(ax, xs, getattr(t, "ode_corrected", None), keep, color, quantity,
-                        lw=1.2, ls="-."):
+                        panel, f"corrected ODE{what}", lw=1.2, ls="-."):
             theory.add("corrected")
         if quantity == "overlap" and _theory_band(ax, xs, getattr(t, "band_lower", None),
                                                   getattr(t, "band_upper", None), keep, color):
@@ -495,6 +567,32 @@ def _theory_band(ax, xs, lo, hi, keep, color) -> bool:
     return True
 
 
+# Axes → [(key, note)]: what draw_panel learnt that the panel's legend must say (values ≤ 0
+# left out on a log axis, why a curve has no theory line); legend() adds the notes whose key
+# is not already in its own notes. Weak keys: a closed figure's axes go with it.
+_PANEL_NOTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def panel_notes(ax) -> list[str]:
+    """The notes :func:`draw_panel` recorded for ``ax`` (values ≤ 0 left out on a log axis,
+    missing theory lines, named by their curves), in the order recorded."""
+    return [note for _, note in _PANEL_NOTES.get(ax, [])]
+
+
+def _add_panel_note(ax, key: str, note: str) -> None:
+    notes = _PANEL_NOTES.setdefault(ax, [])
+    if all(k != key for k, _ in notes):
+        notes.append((key, note))
+
+
+def _masked_note(quantity: str, masked: dict) -> str:
+    """One line: how many values ≤ 0 each drawn line left out on the log axis."""
+    parts = [f"{what} at {n} checkpoint{'s' if n > 1 else ''}" for what, n in masked.items()]
+    name = "loss" if "loss" in quantity else quantity
+    return (f"{name} ≤ 0 (rounding or integration tolerance near 0) not drawn on the log "
+            f"axis: {'; '.join(parts)}")
+
+
 def draw_panel(ax, curves, *, quantity="overlap", x="steps", xscale="log", yscale="linear",
                hue=None, style="band", xlim=None, label_keys=None, colors=None,
                prefix="", ls="-") -> tuple[int, set]:
@@ -509,15 +607,25 @@ def draw_panel(ax, curves, *, quantity="overlap", x="steps", xscale="log", yscal
     colors = colors or dict(zip(map(id, curves), _palette(curves, hue), strict=True))
     keys = legend_keys(curves) if label_keys is None else label_keys
     drawn, theory = 0, set()
+    panel = _Panel(log=yscale == "log")
     for c in curves:
         label = prefix + ", ".join(_fmt(k, c.attrs.get(k)) for k in keys)
         label = label.rstrip(": ") or "_nolegend_"
-        lines = _draw(ax, c, colors[id(c)], label, quantity, x, style, xscale, ls)
+        lines = _draw(ax, c, colors[id(c)], label, quantity, x, style, xscale, ls, panel,
+                      named=len(curves) > 1)
         if lines is not None:
             drawn += 1
             theory |= lines
+    if panel.masked:
+        note = _masked_note(quantity, panel.masked)
+        _add_panel_note(ax, note, note)
+    for reason, note in _missing_theory(curves, quantity, keys):
+        _add_panel_note(ax, reason, note)
     ax.set_xscale(xscale)
-    ax.set_yscale(yscale)
+    if yscale == "log":
+        ax.set_yscale("log", nonpositive="mask")  # never a cliff down to the axis' floor
+    else:
+        ax.set_yscale(yscale)
     if xlim is not None:
         ax.set_xlim(*xlim)
     readable_ticks(ax)
@@ -670,29 +778,45 @@ def _drawn_theory_notes(curves, quantity: str) -> list[str]:
     return out
 
 
-def left_out_notes(curves, quantity: str = "overlap") -> list[str]:
-    """Why a theory line of ``quantity`` is missing where its file says so, once each: the
-    ``LEFT_OUT`` attributes of the quantity's theory datasets (a line over its cost budget,
-    one whose integration failed: dynamics.theory_overlay.finetune_theory); ``band`` only
-    where the quantity draws a band."""
-    keys = LEFT_OUT + (("band",) if quantity in ("overlap", "c_overlap") else ())
-    out = []
+def _names(members, keys) -> str:
+    """The legend labels of ``members`` (by ``keys``), ``; ``-separated."""
+    return "; ".join(", ".join(_fmt(k, c.attrs.get(k)) for k in keys) for c in members)
+
+
+def _left_out(curves, quantity: str, keys) -> list[tuple[str, str]]:
+    """[(reason, note)] of :func:`left_out_notes`."""
+    fields = LEFT_OUT + (("band",) if quantity in ("overlap", "c_overlap") else ())
+    by_reason: dict[str, list[Curve]] = {}
     for c in curves:
         for source in THEORY.get(quantity, ()):
             attrs = getattr(c.traj, "extra_attrs", {}).get(source.removeprefix("extra:"), {})
-            for key in keys:
+            for key in fields:
                 why = attrs.get(key)
-                if why and str(why) not in out:
-                    out.append(str(why))
+                if why and c not in by_reason.setdefault(str(why), []):
+                    by_reason[str(why)].append(c)
+    out = []
+    for why, members in by_reason.items():
+        names = _names(members, keys)
+        whole = len(members) == len(curves) or not names.strip("; ")
+        out.append((why, why if whole else f"for {names}: {why}"))
     return out
 
 
-def theory_notes(curves, quantity: str = "overlap", label_keys=None) -> list[str]:
-    """One line per reason why curves holding ``quantity`` have no theory line:
-    ``no theory line: REASON``, or ``no theory line for A; B: REASON`` where only some
-    curves (named by ``label_keys``, default: the attributes that vary) lack one; then what
-    each drawn theory line leaves out, where its file says so (:func:`_drawn_theory_notes`)."""
+def left_out_notes(curves, quantity: str = "overlap", label_keys=None) -> list[str]:
+    """Why a theory line of ``quantity`` is missing where its file says so, once each: the
+    ``LEFT_OUT`` attributes of the quantity's theory datasets (a line over its cost budget,
+    one whose integration failed: dynamics.theory_overlay.finetune_theory, the committee ODE
+    failed from some or all starts: dynamics.committee_overlay); ``band`` only where the
+    quantity draws a band. A reason that holds for only some of ``curves`` names them
+    (``for A; B: REASON``, by ``label_keys``, default: the attributes that vary)."""
     keys = legend_keys(curves) if label_keys is None else label_keys
+    have = [c for c in curves if quantity_values(c, quantity) is not None]
+    return [note for _, note in _left_out(have, quantity, keys)]
+
+
+def _missing_theory(curves, quantity: str, keys) -> list[tuple[str, str]]:
+    """[(reason, note)]: why curves holding ``quantity`` lack a theory line (:func:`theory_notes`
+    without the drawn lines' notes)."""
     have = [c for c in curves if quantity_values(c, quantity) is not None]
     by_reason: dict[str, list[Curve]] = {}
     for c in have:
@@ -701,32 +825,63 @@ def theory_notes(curves, quantity: str = "overlap", label_keys=None) -> list[str
             by_reason.setdefault(reason, []).append(c)
     out = []
     for reason, members in by_reason.items():
-        names = "; ".join(", ".join(_fmt(k, c.attrs.get(k)) for k in keys) for c in members)
+        names = _names(members, keys)
         if len(members) == len(have) or not names.strip("; "):
-            out.append(f"no theory line: {reason}")
+            out.append((reason, f"no theory line: {reason}"))
         else:
-            out.append(f"no theory line for {names}: {reason}")
-    said = " ".join(out)
-    out += [why for why in left_out_notes(have, quantity) if why not in said]
-    return out + _drawn_theory_notes(have, quantity)
+            out.append((reason, f"no theory line for {names}: {reason}"))
+    said = " ".join(note for _, note in out)
+    return out + [(why, note) for why, note in _left_out(have, quantity, keys)
+                  if why not in said]
 
 
-def legend(ax, handles=None, style="band", theory=(), notes=(), **kwargs):
-    """Legend of the curves plus what the line styles mean (median/band, theory lines: a
-    darker shade of the curve's colour, drawn above the medians) and ``notes``
-    (:func:`theory_notes`) as entries without a line."""
+def theory_notes(curves, quantity: str = "overlap", label_keys=None) -> list[str]:
+    """One line per reason why curves holding ``quantity`` have no theory line:
+    ``no theory line: REASON``, or ``no theory line for A; B: REASON`` where only some
+    curves (named by ``label_keys``, default: the attributes that vary) lack one; then the
+    lines their files left out (:func:`left_out_notes`, named the same way); then what
+    each drawn theory line leaves out, where its file says so (:func:`_drawn_theory_notes`)."""
+    keys = legend_keys(curves) if label_keys is None else label_keys
+    have = [c for c in curves if quantity_values(c, quantity) is not None]
+    return ([note for _, note in _missing_theory(curves, quantity, keys)]
+            + _drawn_theory_notes(have, quantity))
+
+
+def legend_notes(ax, notes=()) -> list[str]:
+    """``notes`` and then each note :func:`draw_panel` recorded for ``ax``
+    (:func:`panel_notes`) whose reason none of them already gives: what ``ax``'s legend
+    lists (and a command prints on stderr)."""
+    out = list(notes)
+    for key, note in _PANEL_NOTES.get(ax, []):
+        if not any(key in n for n in out):
+            out.append(note)
+    return out
+
+
+def legend(ax, handles=None, style="band", theory=(), notes=(), outside: bool = True,
+           **kwargs):
+    """Legend of the curves plus what the line styles mean (median/band, theory lines in the
+    curve's colour, white edged, drawn above the medians) and ``notes``
+    (:func:`theory_notes`) and the panel's own notes (:func:`legend_notes`: values ≤ 0 left
+    out on a log axis, missing theory lines) as entries without a line.
+
+    ``outside`` (default): right of the axes, off the data, the figure widened by the
+    legend's width so that the panels keep their size (``loc``/``bbox_to_anchor`` given:
+    where they say)."""
     from matplotlib.lines import Line2D
 
     if handles is None:
         handles = ax.get_legend_handles_labels()[0]
     band = "every run (thin)" if style == "runs" else "10–90 % of runs (band)"
     extra = [Line2D([], [], color="grey", lw=2, label=f"median; {band}")]
-    dark = theory_color("grey")
+    dark = theory_color("dimgrey")
+    halo = {"path_effects": theory_effects()}
     if "ode" in theory:
-        extra.append(Line2D([], [], color=dark, lw=1.4, ls="--", label="population ODE"))
+        extra.append(Line2D([], [], color=dark, lw=1.4, ls="--", label="population ODE",
+                            **halo))
     if "corrected" in theory:
         extra.append(Line2D([], [], color=dark, lw=1.2, ls="-.",
-                            label="noise-corrected (finite-d) ODE"))
+                            label="noise-corrected (finite-d) ODE", **halo))
     if "band" in theory:
         from matplotlib.patches import Patch
 
@@ -735,11 +890,27 @@ def legend(ax, handles=None, style="band", theory=(), notes=(), **kwargs):
     for key, text in REFERENCE_LABELS.items():
         if key in theory:
             ls = next(r[2] for refs in REFERENCES.values() for r in refs if r[1] == key)
-            extra.append(Line2D([], [], color=dark, lw=1.4, ls=ls, label=f"{text} (median)"))
-    extra += [Line2D([], [], ls="none", label=textwrap.fill(note, 48)) for note in notes]
+            extra.append(Line2D([], [], color=dark, lw=1.4, ls=ls, label=f"{text} (median)",
+                                **halo))
+    extra += [Line2D([], [], ls="none", label=textwrap.fill(note, 48))
+              for note in legend_notes(ax, notes)]
     kwargs.setdefault("fontsize", 7.5)
+    if outside and "loc" not in kwargs and "bbox_to_anchor" not in kwargs:
+        kwargs.update(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        leg = ax.legend(handles=list(handles) + extra, **kwargs)
+        widen_for(ax.figure, leg)
+        return leg
     kwargs.setdefault("loc", "best")
     return ax.legend(handles=list(handles) + extra, **kwargs)
+
+
+def widen_for(fig, artist, pad_in: float = 0.15) -> None:
+    """Widen ``fig`` by the width of ``artist`` (a legend placed outside its axes), so that
+    constrained layout makes room for it without shrinking the panels."""
+    renderer = fig.canvas.get_renderer()
+    width = artist.get_window_extent(renderer).width / fig.dpi
+    w, h = fig.get_size_inches()
+    fig.set_size_inches(w + width + pad_in, h)
 
 
 def _pieces(text: str, depth_at: int = 0) -> list[str]:
@@ -829,8 +1000,10 @@ def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "auto",
         files = ", ".join(dict.fromkeys(c.attrs.get("file") or c.source for c in curves))
         raise ValueError(f"no curve has the quantity '{quantity}' "
                          f"({NEEDS.get(quantity, 'not recorded')}): {files}")
-    legend(axes.flat[0], _all_handles(axes)[0], style=style, theory=theory,
-           notes=theory_notes(curves, quantity, label_keys))
+    notes = theory_notes(curves, quantity, label_keys)
+    for ax in axes.flat:  # values ≤ 0 left out on a log axis, in any panel
+        notes = legend_notes(ax, notes)
+    legend(axes.flat[0], _all_handles(axes)[0], style=style, theory=theory, notes=notes)
     fig.suptitle(wrap_title(title if title is not None else describe(curves), width),
                  fontsize=10)
     return fig

@@ -25,11 +25,12 @@ and tests; :func:`format_table` prints them.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sims.plots.curves import SYMBOL, Curve, _run_mask, quantity_values
+from sims.plots.curves import SYMBOL, Curve, _run_mask, quantity_values, widen_for
 
 __all__ = ["Passage", "X_AXES", "first_passage", "censored_quantile", "x_value",
            "theory_passages", "passage_of", "passage_table", "draw_passage", "format_table",
@@ -314,5 +315,9 @@ def draw_passage(ax, curves, x: str, level: float, xscale: str = "log", yscale: 
         extra += [Line2D([], [], ls="none", label=f"no theory line: {n}"
                          if not n.startswith("ODE") else n) for n in notes]
         handles = ax.get_legend_handles_labels()[0]
-        ax.legend(handles=handles + extra, fontsize=7, loc="upper left")
+        for h in extra:  # long notes wrapped as the curves' legends wrap them
+            h.set_label(textwrap.fill(h.get_label(), 48))
+        leg = ax.legend(handles=handles + extra, fontsize=7, loc="upper left",
+                        bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # off the points
+        widen_for(ax.figure, leg)
     return rows

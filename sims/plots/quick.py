@@ -17,6 +17,7 @@ from .curves import (
     draw_panel,
     legend,
     legend_keys,
+    legend_notes,
     save_figure,
     split_runs,
     teacher_label,
@@ -29,7 +30,8 @@ __all__ = ["plot_overlap", "plot_run", "plot_network", "instance_title", "run_cu
 
 
 def instance_title(config) -> str:
-    """One line naming the instance and the learner settings."""
+    """One line naming the instance and the learner settings: every one that is not the
+    default, the batch size b (≠ 1) and the label noise's variance (≠ 0) among them."""
     spec = config.instance
     xi = (", ".join(f"{x:g}" for x in config.xi_values) if config.xi_values
           else f"{spec.get('xi', 1.0):g}")
@@ -37,7 +39,12 @@ def instance_title(config) -> str:
     parts = [f"σ = {spec.get('activation')}", f"k = {spec.get('k')}", f"d = {spec.get('d')}"]
     parts += [teacher_label(spec)] if teacher_label(spec) else [
         f"ξ = {xi}", f"W {w if isinstance(w, str) else 'explicit'}"]
-    parts += [f"η = {config.eta:.3g}", f"R = {config.runs}"]
+    parts += [f"η = {config.eta:.3g}"]
+    if int(getattr(config, "batch", 1)) != 1:
+        parts.append(f"b = {int(config.batch)}")
+    if float(getattr(config, "label_noise", 0.0)) != 0.0:
+        parts.append(f"label noise σ² = {float(config.label_noise):.3g}")
+    parts.append(f"R = {config.runs}")
     from dynamics.learners import get_learner
 
     label = get_learner(config.learner).label(config.to_dict(), frozen_c="")
@@ -104,7 +111,7 @@ def run_figure(traj: Trajectory, title: str, *, config=None, x: str = "auto",
         _, theory = draw_panel(ax, curves, quantity=quantity, x=x, xscale="linear",
                                yscale="log" if quantity == "loss" else "linear",
                                label_keys=[*keys, "runs"])
-        lines = theory_notes(curves, quantity, keys)
+        lines = legend_notes(ax, theory_notes(curves, quantity, keys))
         legend(ax, theory=theory, notes=lines, fontsize=8)
         notes += lines
     fig.suptitle(wrap_title(title, width, 9), fontsize=9)
