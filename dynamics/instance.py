@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import scipy.linalg as sla
-import tomllib
 
 from .activations import Activation, get_activation
 

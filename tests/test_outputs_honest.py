@@ -467,17 +467,27 @@ def test_a_diffusion_skipped_for_its_cost_says_so():
 
 
 # ---------------------------------------------------------------- 10. bench and fit
-def test_a_rate_from_an_interval_below_the_clock_is_enlarged_or_refused():
-    import time
+def test_a_rate_from_an_interval_below_the_clock_is_enlarged_or_refused(monkeypatch):
+    """On a fake clock (a run of n steps takes n·2 µs): the horizon doubles until the timed
+    difference reaches MIN_INTERVAL_S; a run that takes no time is refused."""
+    import types
 
+    from sims.bench import reduced
     from sims.bench.reduced import MIN_INTERVAL_S, ShortInterval, _rate
 
+    clock = [0.0]
+    monkeypatch.setattr(reduced, "time", types.SimpleNamespace(
+        perf_counter=lambda: clock[0], process_time=lambda: clock[0]))
     with pytest.raises(ShortInterval, match="no rate reported"):
         _rate(lambda n: None, 8, 500, 1)
+
+    def run(n):
+        clock[0] += n * 2e-6
+
     used = []
-    wall, _ = _rate(lambda n: time.sleep(n * 2e-6), 8, 500, 1, used)
-    assert used[0] > 500 and used[0] * 2e-6 >= MIN_INTERVAL_S * 0.9
-    assert wall == pytest.approx(8 / 2e-6, rel=0.5)  # 8 runs × 1 step per 2 µs
+    wall, _ = _rate(run, 8, 500, 1, used)
+    assert used == [8000] and 4000 * 2e-6 < MIN_INTERVAL_S <= 8000 * 2e-6
+    assert wall == pytest.approx(8 / 2e-6, rel=1e-9)  # 8 runs × 1 step per 2 µs
 
 
 def test_a_power_law_fit_with_one_value_of_d_says_it_needs_two():

@@ -78,3 +78,17 @@ def test_lazy_import_defers_until_first_use():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+def test_lazy_import_never_puts_a_half_loaded_module_in_sys_modules():
+    """The stand-in is not a module in sys.modules (the LazyLoader's half-executed module there
+    broke torch's import on CPython >= 3.12.3); after the first use the global that held it is
+    the real module."""
+    code = ("import sys, types; from dynamics.lazy import lazy_import; "
+            "wave = lazy_import('wave'); a = 'wave' in sys.modules; "
+            "b = isinstance(wave, types.ModuleType); wave.Error; "
+            "print(a, b, 'wave' in sys.modules, isinstance(wave, types.ModuleType), "
+            "wave is sys.modules['wave'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["False", "False", "True", "True", "True"], out.stderr

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 import warnings
 
 import click
 import numpy as np
-import tomllib
 
 from dynamics.audit import audit_trajectory
 from dynamics.config import ENGINES, LEARNERS, STREAMS, RunConfig

@@ -35,11 +35,11 @@ from __future__ import annotations
 import json
 import math
 import textwrap
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import tomllib
 
 from sims.experiments.fit import PowerLawFit, fit_power_law
 from sims.experiments.sweep_spec import SweepSpec, SweepSpecError, parse_sweep, passage_key

@@ -14,10 +14,9 @@ import hashlib
 import itertools
 import json
 import math
+import tomllib
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-
-import tomllib
 
 from dynamics.config import RunConfig
 from dynamics.instance import SPEC_KEYS, load_spec

@@ -140,7 +140,7 @@ def rebuild_sweep_file(out, spec, cells, finished: dict[str, Path]) -> Path:
         f.attrs["format_version"] = SWEEP_FORMAT_VERSION
         f.attrs["loradyn_version"] = package_version()
         f.attrs["git_commit"] = git_commit()
-        f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        f.attrs["created"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
         f.attrs["sweep"] = json.dumps(spec.to_dict(), default=str)
         f.attrs["dimensions"] = json.dumps(spec.dimensions(), default=str)
         f.attrs["cell_dir"] = cell_dir(out).name

@@ -227,7 +227,7 @@ def write_trajectory(path, traj: Trajectory, config, instances=None, *,
     meta = {
         "loradyn_version": package_version(),
         "git_commit": git_commit(),
-        "created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "config": config_json(config, instances),
         "seed": int(config.seed),
         "dtype": traj.dtype, "device": traj.device, "engine": traj.engine,
