@@ -23,7 +23,7 @@ from pathlib import Path
 import h5py
 import pytest
 from click.testing import CliRunner
-from helpers import TINY_SPEC_TOML
+from helpers import TINY_SPEC_TOML, sweep_toml
 
 from sims.cli import cli
 from sims.io import atomic
@@ -32,21 +32,8 @@ from sims.io.sweep import cell_dir, finished_cells
 from sims.io.trajectory import read_trajectory
 
 RUN = ["--eta", "0.002", "--steps", "50", "--runs", "4", "--checkpoints", "20"]
-SWEEP = """
-[base]
-finite_d_theory = false
-runs = 2
-eta_times_d = 0.05
-steps_per_d = 2
-checkpoints = 10
-[base.instance]
-activation = "relu"
-k = 3
-d = 20
-seed = 1
-[axes]
-xi = [0.5, 1.0, 2.0]
-"""
+SWEEP = sweep_toml(axes={"xi": [0.5, 1.0, 2.0]}, steps_per_d=2, checkpoints=10,
+                   engine="full")
 CODES = ["ENOSPC", "EACCES", "EROFS", "EDQUOT", "EIO"]
 MAIN = "import sys; from sims.cli import main; sys.argv[0] = 'loradyn'; main()"
 

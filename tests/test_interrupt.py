@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import sweep_toml
 
 from dynamics.config import RunConfig
 from dynamics.engine import (
@@ -41,23 +42,9 @@ SPEC = 'activation = "relu"\nk = 3\nd = 20\nxi = 1.0\nseed = 9\n'
 STEPS = 20000
 RUN = ["--runs", "3", "--eta", "0.002", "--steps", str(STEPS), "--checkpoints", "20",
        "--spacing", "linear", "--engine", "full"]
-SWEEP = """
-[base]
-finite_d_theory = false
-runs = 2
-eta_times_d = 0.05
-steps_per_d = 10
-checkpoints = 5
-spacing = "linear"
-[base.instance]
-activation = "relu"
-k = 3
-d = 30
-seed = 1
-[axes]
-xi = [0.5, 1.0, 2.0]
-joint_c = [false, true]
-"""
+SWEEP = sweep_toml(axes={"xi": [0.5, 1.0, 2.0], "joint_c": [False, True]},
+                   instance={"d": 30}, steps_per_d=10, checkpoints=5, spacing="linear",
+                   engine="full")  # the full engine: its chunk hook interrupts the sweep
 
 
 def _loradyn(tmp_path, *args, chunks=None, sig="INT", timeout=300):

@@ -29,6 +29,7 @@ from sims.experiments.figures import FIGURES  # noqa: E402
 from sims.experiments.reproduce import render  # noqa: E402
 from sims.experiments.sweep_spec import parse_sweep  # noqa: E402
 from sims.io.sweep import rebuild_sweep_file, write_cell  # noqa: E402
+from sims.io.trajectory import read_trajectory  # noqa: E402
 from sims.plots.curves import Curve, load_curves, plot_curves  # noqa: E402
 from sims.plots.quick import instance_title, run_figure  # noqa: E402
 
@@ -301,19 +302,40 @@ def committee_file(tmp_path_factory):
     return path
 
 
-@pytest.mark.xfail(strict=True, reason="the writer (sims/io/trajectory.py, not this change's) "
-                   "stores `ode` (all NaN where no population ODE of ⟨û, u⟩ exists) and `xi` "
-                   "(0.0 for a committee teacher, which has no ξ) in every file: both must "
-                   "become OPTIONAL, left out there and filled in by the reader")
 def test_a_committee_run_file_has_no_all_nan_or_placeholder_dataset(committee_file):
     import h5py
 
     with h5py.File(committee_file, "r") as f:
-        assert "ode" not in f or np.isfinite(f["ode"][()]).any()
-        assert "xi" not in f
+        assert "ode" not in f  # no population ODE of ⟨û, u⟩: nothing stored, not NaNs
+        assert "xi" not in f  # a committee teacher has no ξ
+        assert "extra/ode_alignment" in f  # its theory is stored where it exists
+    traj, meta = read_trajectory(committee_file)  # the reader fills what was left out
+    assert traj.ode.shape == traj.overlap.shape and np.isnan(traj.ode).all()
+    assert traj.xi.shape == (2,) and (traj.xi == 0.0).all()
+    assert "ode" not in meta["datasets"] and "xi" not in meta["datasets"]
+    info = json.loads(CliRunner().invoke(cli, ["show", str(committee_file), "--json"]).output)
+    assert info["placeholders"] == {}  # nothing stored that needs a warning
 
 
-def test_show_marks_the_all_nan_and_placeholder_datasets(committee_file):
+@pytest.fixture
+def older_committee_file(committee_file, tmp_path):
+    """The committee file as writers before this change stored it: with the all-NaN ``ode``
+    and ``xi`` = 0.0 (files on disk keep them; show must still mark them)."""
+    import shutil
+
+    import h5py
+
+    path = tmp_path / "older.h5"
+    shutil.copy(committee_file, path)
+    with h5py.File(path, "a") as f:
+        runs, checkpoints = f["overlap"].shape
+        f.create_dataset("ode", data=np.full((runs, checkpoints), np.nan))
+        f.create_dataset("xi", data=np.zeros(runs))
+    return path
+
+
+def test_show_marks_the_all_nan_and_placeholder_datasets(older_committee_file):
+    committee_file = older_committee_file
     res = CliRunner().invoke(cli, ["show", str(committee_file)])
     assert res.exit_code == 0, res.output
     lines = {ln.split()[1]: ln for ln in res.output.splitlines() if ln.startswith("dataset")}

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import TINY_SPEC_TOML
+from helpers import TINY_SPEC_TOML, sweep_toml
 
 from dynamics import budget, engine
 from dynamics.config import ConfigError, RunConfig
@@ -30,23 +30,7 @@ BIG = 'activation = "relu"\nk = 5\nd = 2000\nxi = 1.0\nseed = 9\n'
 HUGE = 'activation = "relu"\nk = 5\nd = 1000000\nxi = 1.0\nseed = 9\n'
 # the full engine: these tests are about its memory, interruption and writing
 FAST = ["--eta", "0.002", "--steps", "200", "--runs", "4", "--checkpoints", "8", "--engine", "full"]
-SWEEP = """
-[sweep]
-name = "tiny"
-[base]
-finite_d_theory = false
-runs = 2
-eta_times_d = 0.05
-steps_per_d = 5
-checkpoints = 6
-[base.instance]
-activation = "relu"
-k = 3
-d = 20
-seed = 1
-[axes]
-xi = [0.5, 1.0]
-"""
+SWEEP = sweep_toml(name="tiny")
 SCALING = """
 [scaling]
 d = [30, 60]

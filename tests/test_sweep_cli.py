@@ -8,29 +8,14 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import sweep_toml
 
 from sims.cli import cli
 from sims.io.sweep import cell_dir, read_sweep
 from sims.io.trajectory import read_trajectory
 
-SPEC = """
-[sweep]
-name = "tiny"
-[base]
-finite_d_theory = false  # the theory curves are not under test here
-runs = 3
-eta_times_d = 0.05
-steps_per_d = 5
-checkpoints = 8
-[base.instance]
-activation = "relu"
-k = 3
-d = 20
-seed = 1
-[axes]
-xi = [0.5, 1.0]
-joint_c = [false, true]
-"""
+SPEC = sweep_toml(name="tiny", axes={"xi": [0.5, 1.0], "joint_c": [False, True]}, runs=3,
+                  checkpoints=8)
 
 
 def invoke(*args):

@@ -6,28 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import sweep_toml
 
 from sims.cli import cli
 from sims.io.sweep import read_sweep
 
 pytest.importorskip("dask.distributed")
 
-SPEC = """
-[base]
-finite_d_theory = false  # the theory curves are not under test here
-runs = 2
-eta_times_d = 0.05
-steps_per_d = 5
-checkpoints = 6
-[base.instance]
-activation = "relu"
-k = 3
-d = 20
-seed = 1
-[axes]
-xi = [0.5, 1.0]
-joint_c = [false, true]
-"""
+SPEC = sweep_toml(axes={"xi": [0.5, 1.0], "joint_c": [False, True]})
 
 
 @pytest.mark.slow

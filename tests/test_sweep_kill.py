@@ -12,29 +12,15 @@ import time
 
 import numpy as np
 import pytest
+from helpers import sweep_toml
 
 from sims.experiments.sweep import run_sweep
 from sims.experiments.sweep_spec import load_sweep
 from sims.io.sweep import cell_dir, finished_cells, read_sweep
 from sims.io.trajectory import read_trajectory
 
-SPEC = """
-[base]
-finite_d_theory = false  # the theory curves are not under test here
-runs = 2
-eta_times_d = 0.05
-steps_per_d = 60
-checkpoints = 40
-[base.instance]
-activation = "relu"
-k = 3
-d = 30
-seed = 1
-[axes]
-xi = [0.5, 1.0, 2.0]
-joint_c = [false, true]
-instance_seed = [1, 2]
-"""
+SPEC = sweep_toml(axes={"xi": [0.5, 1.0, 2.0], "joint_c": [False, True], "instance_seed": [1, 2]},
+                  instance={"d": 30}, steps_per_d=60, checkpoints=40, engine="full")
 MAIN = "import sys; from sims.cli import main; sys.argv[0] = 'loradyn'; main()"
 
 

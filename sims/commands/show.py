@@ -45,8 +45,10 @@ def describe(path) -> dict:
                                                           "init_rows_shape", "init_frame")}
     out["interrupted"] = _interruption(meta, traj)
     out["summary"] = summary(traj)
-    out["placeholders"] = placeholders(traj, meta.get("config") or {},
-                                       why.decode() if isinstance(why, bytes) else why)
+    marks = placeholders(traj, meta.get("config") or {},
+                         why.decode() if isinstance(why, bytes) else why)
+    out["placeholders"] = {n: w for n, w in marks.items() if n in out["datasets"]}  # older
+    # files store them; the writer now leaves both out (sims.io.trajectory._dataset_value)
     return out
 
 

@@ -21,7 +21,7 @@ import click
 
 from dynamics.engine import interruptible
 from sims.commands.checks import check_sweep
-from sims.experiments.sweep import SweepInterrupted, run_sweep
+from sims.experiments.sweep import SweepInterrupted, adopt_file_defaults, run_sweep
 from sims.experiments.sweep_batch import MAX_BATCH_RUNS
 from sims.experiments.sweep_spec import load_sweep
 from sims.io.atomic import WriteFault
@@ -76,6 +76,9 @@ def sweep(spec, out, scheduler, no_batch, max_batch_runs, update, dry_run, force
     """Run (or resume) the sweep described by SPEC (TOML; see docs/sweeps.md)."""
     parsed = load_sweep(spec)
     out = Path(out) if out else default_out(spec)
+    note = adopt_file_defaults(parsed, out)  # an older file resumes with its own default
+    if note:
+        click.echo(note, err=True)
     if dry_run:
         for cell in parsed.cells():
             click.echo(f"{cell.name}  {cell.hash[:12]}  {cell.label}")

@@ -15,11 +15,14 @@ signal), which ``loradyn sweep`` turns into one line naming the command that res
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+
+import h5py
 
 from dynamics.engine import raise_if_signalled
 from dynamics.progress import progress_bar
@@ -36,7 +39,33 @@ from sims.io.sweep import (
 )
 from sims.io.trajectory import TrajectoryFileError, check_writable
 
-__all__ = ["SweepResult", "SweepInterrupted", "run_sweep", "parse_scheduler"]
+__all__ = ["SweepResult", "SweepInterrupted", "run_sweep", "parse_scheduler",
+           "adopt_file_defaults"]
+
+OLD_DEFAULT_ENGINE = "full"  # the engine of cells that named none, before default_engine
+
+
+def adopt_file_defaults(spec: SweepSpec, out) -> str | None:
+    """Resume an existing sweep file with the defaults it was written under: a file whose
+    stored sweep has no ``default_engine`` (written before it existed) ran its cells that name
+    no engine on ``full``, so ``spec.default_engine`` becomes "full" and their hashes (and
+    finished cells) hold. Returns a one-line note when it changed anything, else None."""
+    out = Path(out)
+    if spec.default_engine == OLD_DEFAULT_ENGINE or not out.is_file():
+        return None
+    try:
+        if file_format(out) != SWEEP_FORMAT:
+            return None
+        with h5py.File(out, "r") as f:
+            stored = json.loads(f.attrs.get("sweep", "{}"))
+    except (OSError, ValueError, TrajectoryFileError):
+        return None
+    if "default_engine" in stored:
+        spec.default_engine = stored["default_engine"]
+        return None
+    spec.default_engine = OLD_DEFAULT_ENGINE
+    return (f"{out} was written before sweeps defaulted to engine 'auto': its cells that name "
+            f"no engine keep engine '{OLD_DEFAULT_ENGINE}' (set engine in [base] to change)")
 
 CONNECT_TIMEOUT = "10s"  # to an existing dask scheduler
 
@@ -84,6 +113,9 @@ def run_sweep(spec: SweepSpec, out, *, scheduler: str | None = None, batch: bool
     """Run (or resume) ``spec`` into the sweep file ``out``; see the module docstring."""
     echo = echo or (lambda msg: None)
     start = time.perf_counter()
+    note = adopt_file_defaults(spec, out)
+    if note:
+        echo(note)
     cells = spec.cells()  # validates every cell first: bad input never touches the disk
     target = parse_scheduler(scheduler)
     out = check_writable(out)

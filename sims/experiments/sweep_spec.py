@@ -47,6 +47,8 @@ DERIVED = ("eta_times_d", "steps_per_d", "eta_d_exponent", "steps_d_exponent")
 CONFIG_AXES = _CONFIG_FIELDS + DERIVED
 AXES = tuple(INSTANCE_AXES) + CONFIG_AXES
 BOOL_FIELDS = ("joint_c", "project")
+DEFAULT_ENGINE = "auto"  # of new sweep files; files written before 2026-11-27 (whose stored
+# sweep has no ``default_engine``) keep "full", the default then, so their cell hashes hold
 SWEEP_KEYS = ("name", "first_passage", "absolute", "trajectory", "first_passage_of")
 PASSAGE_QUANTITIES = ("overlap", "loss")  # first_passage_of: overlap ≥ level, loss ≤ level
 TOP_KEYS = ("sweep", "base", "axes", "cases")
@@ -109,12 +111,14 @@ class SweepSpec:
     source: str = ""
     trajectory: bool = True
     first_passage_of: str = "overlap"
+    default_engine: str = DEFAULT_ENGINE  # a cell's engine when [base]/axes/cases name none
 
     def to_dict(self) -> dict:
         return {"name": self.name, "base": self.base, "instance": self.instance,
                 "axes": self.axes, "cases": self.cases,
                 "first_passage": list(self.first_passage), "absolute": self.absolute,
-                "trajectory": self.trajectory, "first_passage_of": self.first_passage_of}
+                "trajectory": self.trajectory, "first_passage_of": self.first_passage_of,
+                "default_engine": self.default_engine}
 
     def dimensions(self) -> dict:
         """Axis name → list of values, with the cases as one dimension named ``case``."""
@@ -135,7 +139,7 @@ class SweepSpec:
         return out
 
     def _cell(self, index: int, setting: dict) -> Cell:
-        cfg, inst = dict(self.base), dict(self.instance)
+        cfg, inst = {"engine": self.default_engine} | self.base, dict(self.instance)
         for name, value in setting.items():
             if name in INSTANCE_AXES:
                 inst[INSTANCE_AXES[name]] = value

@@ -34,6 +34,7 @@ from sims.io.trajectory import (
     TrajectoryFileError,
     check_writable,
     dataset_attrs,
+    filled,
     git_commit,
     open_hdf5,
     package_version,
@@ -185,6 +186,7 @@ def _trajectory(g, meta: dict, path=None) -> Trajectory:
     datasets' kept attributes, their theory audits among them, in ``extra_attrs``)."""
     path = path or g.file.filename
     arrays = {n: read_dataset(path, g, n) for n in DATASETS if n in g and n in TRAJ_FIELDS}
+    arrays = filled(arrays, arrays["steps"], len(arrays["diverged_step"]))
     extra = ({n: read_dataset(path, g["extra"], n) for n in g["extra"]}
              if "extra" in g else {})
     return Trajectory(**arrays, loss_kind=meta.get("loss_kind", "exact"),

@@ -58,6 +58,7 @@ __all__ = [
     "plain_attrs",
     "open_hdf5",
     "read_dataset",
+    "filled",
     "create_checked",
     "blowups",
     "dataset_attrs",
@@ -88,7 +89,10 @@ DATASETS = {
     "band_lower": (FLOAT, "R,C", "10% quantile of the linear-noise theory band"),
     "band_upper": (FLOAT, "R,C", "90% quantile of the linear-noise theory band"),
 }
-OPTIONAL = ("c_overlap", "m0", "instance_index", "ode_corrected", "band_lower", "band_upper")
+OPTIONAL = ("c_overlap", "m0", "instance_index", "ode_corrected", "band_lower", "band_upper",
+            "ode", "xi")  # ode: left out when no population ODE of ⟨û, u⟩ exists and nothing
+# says why; xi: left out for a committee teacher (no ξ). Readers fill NaN and 0.0 (older files
+# hold them).
 STRING_ATTRS = ("format", "loradyn_version", "git_commit", "created", "config", "dtype",
                 "device", "engine", "learner", "loss_kind")
 
@@ -200,10 +204,10 @@ def check_writable(path) -> Path:
 
 def trajectory_bytes(runs: int, checkpoints: int) -> int:
     """A lower bound on the size of a trajectory file: its (R, C) arrays that every file has
-    (``overlap``, ``loss``, ``ode``), its per-run arrays and ``steps``, as float64/int64."""
+    (``overlap``, ``loss``), its per-run arrays and ``steps``, as float64/int64."""
     per_run = sum(axes == "R" and name not in OPTIONAL
                   for name, (_, axes, _) in DATASETS.items())
-    return 8 * (3 * runs * checkpoints + per_run * runs + checkpoints)
+    return 8 * (2 * runs * checkpoints + per_run * runs + checkpoints)
 
 
 def write_trajectory(path, traj: Trajectory, config, instances=None, *,
@@ -239,7 +243,7 @@ def write_trajectory(path, traj: Trajectory, config, instances=None, *,
     with hdf5_writer(path) as f:
         write_info(f, meta | (attrs or {}))
         for name in DATASETS:
-            data = _dataset_value(traj, name, index)
+            data = _dataset_value(traj, name, index, instances)
             if data is not None:
                 write_array(f, name, data)
                 for key, val in traj.extra_attrs.get(name, {}).items():
@@ -257,10 +261,25 @@ def write_trajectory(path, traj: Trajectory, config, instances=None, *,
     return path
 
 
-def _dataset_value(traj: Trajectory, name: str, index):
+def _dataset_value(traj: Trajectory, name: str, index, instances):
+    """The array stored as schema dataset ``name``; None where it holds no information:
+    ``ode`` all NaN with no attribute saying why (no population ODE of ⟨û, u⟩ for this
+    learner: its theory is in ``extra/``), ``xi`` of committee teachers (no ξ)."""
     if name == "instance_index":
         return index
+    if name == "ode" and not traj.extra_attrs.get("ode") and \
+            not np.isfinite(np.asarray(traj.ode, dtype=float)).any():
+        return None
+    if name == "xi" and all(getattr(inst, "committee", False) for inst in instances):
+        return None
     return getattr(traj, name)
+
+
+def filled(arrays: dict, steps, runs: int) -> dict:
+    """``arrays`` (schema datasets read from a file or sweep cell) with ``ode`` (NaN) and
+    ``xi`` (0.0) filled in where the writer left them out (:func:`_dataset_value`)."""
+    shape = (runs, len(steps))
+    return {"ode": np.full(shape, np.nan), "xi": np.zeros(runs)} | arrays
 
 
 # ---------------------------------------------------------------- reader
@@ -356,7 +375,8 @@ def read_trajectory(path) -> tuple[Trajectory, dict]:
         extra = ({n: read_dataset(path, f["extra"], n) for n in f["extra"]}
                  if "extra" in f else {})
         extra_attrs = dataset_attrs(f)
-    meta["datasets"] = {n: list(a.shape) for n, a in arrays.items()}
+    meta["datasets"] = {n: list(a.shape) for n, a in arrays.items()}  # as stored
+    arrays = filled(arrays, arrays["steps"], len(arrays["diverged_step"]))
     traj = Trajectory(
         steps=arrays["steps"], overlap=arrays["overlap"], loss=arrays["loss"],
         ode=arrays["ode"], diverged_step=arrays["diverged_step"], xi=arrays["xi"],
