@@ -31,9 +31,9 @@ teacher label, plus label noise if configured; prox from seed 003). Two paramete
 Observables: ``overlap`` = ⟨û, u⟩ (rank 1) or, full rank, |⟨v₁, u⟩| with v₁ the top right
 singular vector of Δ (NaN while Δ = 0); ``loss`` = the exact population loss of the *true*
 network with rows (wⱼ + Δⱼ)/‖·‖ (``network_loss``, dual kernels); extra ``loss_linear`` = the
-population loss of f_lin, a Monte Carlo average on a fixed evaluation set (``eval_size``
-examples, stream ``eval`` of the seed) drawn in an orthonormal basis of span W ⊕ u ⊕ rows(Δ),
-which is exact in law since x is isotropic; extra ``delta_norm`` = ‖Δ‖_F; ``c_overlap`` when ĉ
+population loss of f_lin, exact (the quadratic form of ``hermite.linearized``; a Monte Carlo
+estimate on one evaluation set shared by every run put a common error of a few % into every
+run's value, which the runs' spread cannot show); extra ``delta_norm`` = ‖Δ‖_F; ``c_overlap`` when ĉ
 is trained; ``ode`` NaN (no theory).
 """
 
@@ -45,12 +45,10 @@ from functools import cached_property
 
 import numpy as np
 
-from ..activations import torch_activation
 from ..errors import ConfigError
 from ..lazy import lazy_import
 from ..network_loss import network_loss
 from ..observables import c_overlap, group_runs
-from ..sampling import run_seed
 from .base import Learner, Memory, RunResult, TensorState, make_trajectory
 from .finetune import Finetune, FinetuneState
 from .options import LowRankOptions, option
@@ -62,7 +60,6 @@ __all__ = ["Linearized", "LinearizedOptions", "LinearizedFullRank", "FullRankSta
            "LinearPrepared", "LinearTerms", "reduce_rows", "top_overlap", "true_loss",
            "linear_loss"]
 
-_EVAL_BLOCK = 2**23  # elements of the (checkpoints, examples, k) Monte Carlo block
 
 
 def _config_error(field: str, problem: str):
@@ -189,10 +186,9 @@ class Linearized(Finetune):
 
     def __init__(self, problem: Problem, *, eta: float, eta_c: float, project: bool = True,
                  joint_c: bool = False, batch: int = 1, label_noise: float = 0.0,
-                 prox: float = 0.0, eval_size: int = 20_000, seed: int = 0):
+                 prox: float = 0.0):
         super().__init__(problem, eta=eta, eta_c=eta_c, project=project, joint_c=joint_c,
                          batch=batch, label_noise=label_noise, prox=prox, keep_coords=True)
-        self.eval_size, self.seed = eval_size, seed
 
     @classmethod
     def check(cls, config, instance) -> None:
@@ -205,7 +201,7 @@ class Linearized(Finetune):
         o = config.options
         return cls(problem, eta=config.eta, eta_c=config.step_size_c, project=o.project,
                    joint_c=o.joint_c, batch=config.batch, label_noise=config.label_noise,
-                   prox=o.prox, eval_size=config.eval_size, seed=config.seed)
+                   prox=o.prox)
 
     def _xc(self, state: FinetuneState) -> torch.Tensor:
         return self.problem.xi[:, None] * state.c_hat
@@ -256,7 +252,7 @@ class Linearized(Finetune):
         c_ov = None
         if c_hats is not None:
             c_ov = c_overlap(c_hats, np.stack([i.c for i in insts])[:, None, :])
-        return _trajectory(result, rec["overlap"], delta, c_ov, self.seed, self.eval_size)
+        return _trajectory(result, rec["overlap"], delta, c_ov)
 
 
 @dataclass
@@ -275,12 +271,10 @@ class LinearizedFullRank(Learner):
     chain = ("dynamics.reduced.linear_chain", "LinearChain")
 
     def __init__(self, problem: Problem, *, eta: float, project: bool = True,
-                 label_noise: float = 0.0, prox: float = 0.0, eval_size: int = 20_000,
-                 seed: int = 0):
+                 label_noise: float = 0.0, prox: float = 0.0):
         self.problem, self.k, self.project, self.prox = problem, problem.k, project, prox
         self.noise_sd = float(np.sqrt(label_noise))
         self.eta_r = eta * torch.ones_like(problem.xi)
-        self.eval_size, self.seed = eval_size, seed
 
     @classmethod
     def check(cls, config, instance) -> None:
@@ -289,8 +283,7 @@ class LinearizedFullRank(Learner):
     @classmethod
     def from_config(cls, config, problem: Problem) -> LinearizedFullRank:
         return cls(problem, eta=config.eta, project=config.options.project,
-                   label_noise=config.label_noise, prox=config.options.prox,
-                   eval_size=config.eval_size, seed=config.seed)
+                   label_noise=config.label_noise, prox=config.options.prox)
 
 
     def step_sizes(self) -> list[torch.Tensor]:
@@ -404,8 +397,7 @@ class LinearizedFullRank(Learner):
 
     def trajectory(self, result: RunResult):
         rec = result.records
-        return _trajectory(result, rec["overlap"], rec["delta"], None, self.seed,
-                           self.eval_size, full_rank=True)
+        return _trajectory(result, rec["overlap"], rec["delta"], None, full_rank=True)
 
 
 def top_overlap(red: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -456,34 +448,15 @@ def true_loss(instances, delta: np.ndarray) -> np.ndarray:
     return out
 
 
-def linear_loss(instances, delta: np.ndarray, *, seed: int, size: int) -> np.ndarray:
-    """(R, C) Monte Carlo E(f* − f_lin)² on one fixed set of ``size`` examples.
+def linear_loss(instances, delta: np.ndarray) -> np.ndarray:
+    """(R, C) E(f* − f_lin)² exactly: ``hermite.linearized.linear_model_loss`` (the quadratic
+    form const − 2⟨b, Δ_S⟩ + ⟨Δ_S, AΔ_S⟩ + tr(BΔ_⊥Δ_⊥ᵀ), dual kernels) per instance group;
+    delta (R, C, k, D) as in :func:`true_loss`."""
+    from hermite.linearized import linear_model_loss
 
-    delta as in :func:`true_loss`; the evaluation set, (size, D) standard normals from the
-    stream (seed, 0, ``eval``), is x's coordinates in that basis (exact in law: x is
-    isotropic and f*, f_lin depend on x only through them)."""
-    runs, cps, k, width = delta.shape
-    xs = torch.as_tensor(np.random.default_rng(run_seed(seed, 0, "eval"))
-                         .standard_normal((size, width)))
-    out = np.full((runs, cps), np.nan)
-    block = max(1, _EVAL_BLOCK // (size * k))
+    out = np.full(delta.shape[:2], np.nan)
     for inst, idx in group_runs(instances):
-        act, lam = torch_activation(inst.activation), torch.as_tensor(inst.lam)
-        lt = torch.as_tensor(inst.w_factor).T
-        z = xs[:, :k] @ lt
-        u_dot = xs[:, :k] @ torch.as_tensor(inst.u_w) + inst.u_perp * xs[:, k]
-        t_pre = (z + inst.xi * torch.as_tensor(inst.c) * u_dot[:, None]) / torch.as_tensor(
-            inst.teacher_norms())
-        resid0 = act.fn(t_pre) @ lam - act.fn(z) @ lam  # f* − f₀
-        beta = act.deriv(z) * lam
-        for r in idx:
-            dr = torch.as_tensor(np.array(delta[r]))  # (C, k, D)
-            wd = (dr[:, :, :k] * torch.as_tensor(inst.w_factor)).sum(-1)  # (C, k) ⟨wⱼ, Δⱼ⟩
-            for j0 in range(0, cps, block):
-                sl = slice(j0, j0 + block)
-                lin = torch.einsum("nd,ckd->cnk", xs, dr[sl]) - z * wd[sl, None, :]
-                res = resid0 - (lin * beta).sum(-1)
-                out[r, sl] = (res * res).mean(-1).numpy()
+        out[idx] = linear_model_loss(inst, np.asarray(delta[idx], dtype=float))
     return out
 
 
@@ -556,13 +529,12 @@ def _theory_group(result, inst, idx, full_rank, curves, floors, notes) -> None:
     floors[0][idx], floors[1][idx] = floor.loss_linear, floor.loss_true
 
 
-def _trajectory(result: RunResult, overlap, delta, c_ov, seed: int, eval_size: int,
-                full_rank: bool = False):
+def _trajectory(result: RunResult, overlap, delta, c_ov, full_rank: bool = False):
     """The Trajectory of either parameterisation from Δ (R, C, k, D) in a reduced basis, with
     the linear model's exact theory (:func:`_theory`)."""
     insts = result.instances
     theory, extra, attrs = _theory(result, full_rank)
-    extra = {"loss_linear": linear_loss(insts, delta, seed=seed, size=eval_size),
+    extra = {"loss_linear": linear_loss(insts, delta),
              "delta_norm": np.sqrt(np.square(delta).sum((2, 3)))} | extra
     return make_trajectory(result, overlap, true_loss(insts, delta), loss_kind="exact",
                            c_overlap=c_ov, extra=extra, theory=theory, extra_attrs=attrs)
