@@ -578,3 +578,40 @@ def test_block_sparsity_is_scipys_block_diagonal():
         warnings.simplefilter("ignore")
         expected = scipy.sparse.block_diag([np.ones((3, 3))] * 4).toarray()
     assert np.array_equal(_block_sparsity(4, 3).toarray(), expected)
+
+
+def test_corrected_ode_over_its_budget_is_drawn_from_fewer_starts_and_says_so(monkeypatch,
+                                                                             capsys):
+    """Issue 40.4: where the corrected line of every run is over the budget but one run's is
+    not, it is computed from as many runs as fit, spread over their starts, equal there to
+    the line of an unbudgeted run, NaN elsewhere, with a ``partial`` attribute (legend)."""
+    import dynamics.theory_overlay as overlay
+
+    spec = dict(activation="relu", k=K, d=60, xi=1.0, c="gaussian", c_hat="gaussian", seed=1)
+    cfg = RunConfig(instance=spec, eta=0.002, steps=400, runs=8, seed=3, checkpoints=6,
+                    joint_c=True)
+    full = simulate(cfg)
+    cost = overlay.corrected_seconds(cfg, [build_instance(spec)] * 8, full.steps)
+    monkeypatch.setattr(overlay, "CORRECTED_BUDGET_S", cost * 3.5 / 8)  # 3 of 8 runs fit
+    tr = simulate(cfg)
+    have = np.isfinite(tr.ode_corrected).all(axis=1)
+    assert have.sum() == 3 and not np.isfinite(tr.ode_corrected[~have]).any()
+    np.testing.assert_allclose(tr.ode_corrected[have], full.ode_corrected[have], atol=1e-9)
+    np.testing.assert_allclose(tr.extra["ode_corrected_c_overlap"][have],
+                               full.extra["ode_corrected_c_overlap"][have], atol=1e-9)
+    m0 = np.sort(tr.m0)  # spread over the starts: the lowest and highest among them
+    assert tr.m0[have].min() == m0[0] and tr.m0[have].max() == m0[-1]
+    assert "from 3 of 8 runs' starts" in tr.extra_attrs["ode_corrected"]["partial"]
+    assert "from 3 of 8" in tr.extra_attrs["ode_corrected_c_overlap"]["partial"]
+    assert "from 3 of 8 runs' starts" in capsys.readouterr().err
+    np.testing.assert_array_equal(tr.ode, full.ode)  # the plain line is untouched
+
+
+def test_budget_starts_spreads_over_the_starts():
+    from dynamics.theory_overlay import budget_starts
+
+    mu0 = np.array([0.5, -0.2, 0.1, 0.9, -0.7])
+    assert budget_starts(mu0, 0).sum() == 0 and budget_starts(mu0, 9).all()
+    two = budget_starts(mu0, 2)
+    assert set(mu0[two]) == {-0.7, 0.9}
+    assert set(mu0[budget_starts(mu0, 3)]) == {-0.7, 0.1, 0.9}
