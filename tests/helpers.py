@@ -58,3 +58,51 @@ def sweep_toml(name: str | None = None, axes: dict | None = None, instance: dict
     lines += ["[axes]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in (axes or {"xi": [0.5, 1.0]}).items()]
     return "\n".join(lines) + "\n"
+
+
+def rank1_learner(cls, inst, runs: int, batch: int, *, project: bool, **kw):
+    """(learner, state, x) of a rank-1 fine-tuning-like learner ``cls`` (Finetune,
+    Linearized) on ``runs`` copies of ``inst``, float64 CPU: η = 0.07, η_c = 0.05, û₀ uniform
+    (⊥ span W when projected), ĉ₀ = ĉ + 0.2·N(0, I) (any ĉ, not unit), a batch of examples
+    x (runs, batch, d); everything from seed 11 (projected û₀: stream 5)."""
+    from dynamics.learners import Problem
+    from dynamics.sampling import uniform_perp_directions
+
+    d, k = inst.d, inst.k
+    problem = Problem.from_instances([inst] * runs, torch.device("cpu"), torch.float64)
+    learner = cls(problem, eta=0.07, eta_c=0.05, project=project, batch=batch, **kw)
+    gen = np.random.default_rng(11)
+    if project:
+        u0 = uniform_perp_directions(5, runs, d, k)
+    else:
+        u0 = gen.standard_normal((runs, d))
+        u0 /= np.linalg.norm(u0, axis=1, keepdims=True)
+    state = learner.init_state(u0)
+    state.c_hat += 0.2 * torch.as_tensor(gen.standard_normal((runs, k)))
+    x = torch.as_tensor(gen.standard_normal((runs, batch, d)))
+    return learner, state, x
+
+
+def assert_sample_loss_is(learner, state, x, dense_loss) -> None:
+    """``learner.sample_loss`` and the loss of ``sample_gradients`` equal ``dense_loss(r, b)``
+    (the loss of explicit k×d matrices, written out independently) for every run and example."""
+    _, _, loss = learner.sample_gradients(state, x)
+    ours = learner.sample_loss(state, x)
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1]):
+            ref = dense_loss(r, b)
+            assert_close(ours[r, b], ref)
+            assert_close(loss[r, b], ref)
+
+
+def shrunk_sweep(sweep, d: int = 20, k: int = 3, **base):
+    """A figure recipe's ``sweep(quick)`` at a test's size: ``base`` keys (runs, steps_per_d,
+    …) and the instance's d, k replaced."""
+
+    def shrunk(quick: bool) -> dict:
+        spec = sweep(quick)
+        spec["base"] |= base
+        spec["base"]["instance"] |= {"d": d, "k": k}
+        return spec
+
+    return shrunk

@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import assert_close
+from helpers import assert_close, assert_sample_loss_is, rank1_learner
 
 from dynamics import sphere
 from dynamics.activations import torch_activation
 from dynamics.instance import build_instance
-from dynamics.learners import Finetune, Problem
-from dynamics.sampling import uniform_perp_directions
+from dynamics.learners import Finetune
 
 ACTIVATIONS = ("relu", "abs", "sigmoid", "tanh", "erf", "quadratic", "linear", "he3")
 
@@ -28,18 +27,8 @@ def _instance(activation, u_alpha=0.0, W="orthonormal", seed=3):
 
 def _setup(activation, project, joint, u_alpha=0.0, W="orthonormal", batch=B, label_noise=0.0):
     inst = _instance(activation, u_alpha, W)
-    problem = Problem.from_instances([inst] * R, torch.device("cpu"), F64)
-    learner = Finetune(problem, eta=0.07, eta_c=0.05, project=project, joint_c=joint,
-                       batch=batch, label_noise=label_noise)
-    gen = np.random.default_rng(11)
-    if project:
-        u0 = uniform_perp_directions(5, R, D, K)
-    else:
-        u0 = gen.standard_normal((R, D))
-        u0 /= np.linalg.norm(u0, axis=1, keepdims=True)
-    state = learner.init_state(u0)
-    state.c_hat += 0.2 * torch.as_tensor(gen.standard_normal((R, K)))  # any ĉ, not unit
-    x = torch.as_tensor(gen.standard_normal((R, batch, D)))
+    learner, state, x = rank1_learner(Finetune, inst, R, batch, project=project, joint_c=joint,
+                                      label_noise=label_noise)
     return inst, learner, state, x
 
 
@@ -69,13 +58,8 @@ def test_sample_loss_is_the_papers_model(activation, project, joint, u_alpha):
     and sample_gradients' loss = the loss of full k×d matrices (projected: û ⊥ span W)."""
     W = "separated" if u_alpha else "orthonormal"  # non-orthogonal rows too
     inst, learner, state, x = _setup(activation, project, joint, u_alpha, W)
-    _, _, loss = learner.sample_gradients(state, x)
-    ours = learner.sample_loss(state, x)
-    for r in range(R):
-        for b in range(B):
-            ref = _dense_loss(inst, state.u_hat[r], state.c_hat[r], x[r, b])
-            assert_close(ours[r, b], ref)
-            assert_close(loss[r, b], ref)
+    assert_sample_loss_is(learner, state, x, lambda r, b: _dense_loss(
+        inst, state.u_hat[r], state.c_hat[r], x[r, b]))
 
 
 def test_label_noise_enters_the_label():

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_close
+from helpers import assert_close, rank1_learner
 
 import hermite
 from dynamics.activations import torch_activation
@@ -25,7 +25,6 @@ from dynamics.learners.linearized import (
     reduce_rows,
     true_loss,
 )
-from dynamics.sampling import uniform_perp_directions
 
 K, D, R, B = 4, 11, 3, 2
 F64 = torch.float64
@@ -72,18 +71,8 @@ def _ntk(inst, x):
 def _rank1(activation="tanh", project=True, joint=False, u_alpha=0.0, W="orthonormal",
            prox=0.0, batch=B):
     inst = _instance(activation, u_alpha, W)
-    problem = Problem.from_instances([inst] * R, torch.device("cpu"), F64)
-    learner = Linearized(problem, eta=0.07, eta_c=0.05, project=project, joint_c=joint,
-                         batch=batch, prox=prox)
-    gen = np.random.default_rng(11)
-    if project:
-        u0 = uniform_perp_directions(5, R, D, K)
-    else:
-        u0 = gen.standard_normal((R, D))
-        u0 /= np.linalg.norm(u0, axis=1, keepdims=True)
-    state = learner.init_state(u0)
-    state.c_hat += 0.2 * torch.as_tensor(gen.standard_normal((R, K)))
-    x = torch.as_tensor(gen.standard_normal((R, batch, D)))
+    learner, state, x = rank1_learner(Linearized, inst, R, batch, project=project,
+                                      joint_c=joint, prox=prox)
     return inst, learner, state, x
 
 

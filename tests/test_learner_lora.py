@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import assert_close
+from helpers import assert_close, assert_sample_loss_is
 
 import hermite
 from dynamics import stiefel
@@ -77,13 +77,8 @@ def test_sample_loss_is_the_papers_model(rank, activation, project, joint, u_alp
     """sample_loss (whose gradients test_learner_protocol checks against the closed form)
     and sample_gradients' loss = the loss of explicit k×d matrices (projected: Û ⊥ span W)."""
     li, learner, state, x = _setup(activation, rank, project, joint, u_alpha)
-    _, _, loss = learner.sample_gradients(state, x)
-    ours = learner.sample_loss(state, x)
-    for r in range(R):
-        for b in range(B):
-            ref = _dense_loss(li, state.u_hat[r], state.c_hat[r], x[r, b])
-            assert_close(ours[r, b], ref)
-            assert_close(loss[r, b], ref)
+    assert_sample_loss_is(learner, state, x, lambda r, b: _dense_loss(
+        li, state.u_hat[r], state.c_hat[r], x[r, b]))
 
 
 def test_label_noise_enters_the_label():

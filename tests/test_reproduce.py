@@ -9,6 +9,7 @@ import dataclasses
 import math
 
 import matplotlib
+from helpers import shrunk_sweep
 
 matplotlib.use("Agg")
 
@@ -62,11 +63,7 @@ def test_fig3_without_linearized_learner_is_a_one_line_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def tiny_fig2(quick: bool) -> dict:
-    spec = fig2.sweep(quick)
-    spec["base"] |= {"runs": 3, "steps_per_d": 20, "checkpoints": 12, "eta_times_d": 0.2}
-    spec["base"]["instance"] |= {"d": 20, "k": 3}
-    return spec
+tiny_fig2 = shrunk_sweep(fig2.sweep, runs=3, steps_per_d=20, checkpoints=12, eta_times_d=0.2)
 
 
 def test_reproduce_writes_h5_png_and_readme_section(tmp_path, monkeypatch):

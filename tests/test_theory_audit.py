@@ -12,6 +12,7 @@ from dataclasses import replace
 import h5py
 import numpy as np
 import pytest
+from helpers import shrunk_sweep
 
 from dynamics.audit import (
     ATTRS,
@@ -189,7 +190,9 @@ def test_sweep_cells_store_the_audit_and_reproduce_tabulates_it(runner):
     for cell in cells:
         stored = stored_audits(cell.traj)
         assert set(stored) == {"ode", "ode_corrected"}
-        assert stored == audit_trajectory(cell.traj)  # as stored, as computed
+        computed = audit_trajectory(cell.traj)  # as stored, as computed (NaN == NaN here)
+        np.testing.assert_equal({n: a.attrs() for n, a in stored.items()},
+                                {n: a.attrs() for n, a in computed.items()})
         assert all(set(ATTRS) <= set(cell.traj.extra_attrs[n]) for n in stored)
     lines = audit_table("s.h5", "tiny")
     assert lines[0].startswith("tiny: theory audit")
@@ -199,11 +202,7 @@ def test_sweep_cells_store_the_audit_and_reproduce_tabulates_it(runner):
     assert lines[-1] == f"tiny: {passed} of 4 theory lines within tolerance"
 
 
-def _tiny_fig2(quick: bool) -> dict:
-    spec = fig2.sweep(quick)
-    spec["base"] |= {"runs": 3, "steps_per_d": 15, "checkpoints": 8, "eta_times_d": 0.2}
-    spec["base"]["instance"] |= {"d": 20, "k": 3}
-    return spec
+_tiny_fig2 = shrunk_sweep(fig2.sweep, runs=3, steps_per_d=15, checkpoints=8, eta_times_d=0.2)
 
 
 def test_reproduce_prints_the_audit_table(tmp_path, monkeypatch):
