@@ -1,5 +1,6 @@
 """``loradyn reproduce figN [--quick] [--convention unit|appB|appB-sqrt]``: the paper's App. B
-figures, data and PNG in results/ (a non-unit convention suffixes the file names)."""
+figures, data and PNG in results/ (a non-unit convention suffixes the file names);
+``loradyn reproduce separation [--quick]``: Claim 2 / Theorem 19 measured over d."""
 
 from __future__ import annotations
 
@@ -14,16 +15,18 @@ from sims.experiments.figures.recipe import with_convention
 from sims.experiments.reproduce import (
     CONVENTIONS,
     FIGURES,
+    MEASUREMENTS,
     check_convention,
     check_learner,
     figure_paths,
+    get_recipe,
     recorded_figure,
     update_readme,
 )
 from sims.experiments.reproduce import reproduce as run_figure
 from sims.experiments.sweep_spec import parse_sweep
 from sims.io.lock import claim_outputs
-from sims.io.outputs import Output
+from sims.io.outputs import Output, hdf5_format
 
 __all__ = ["reproduce"]
 
@@ -34,13 +37,14 @@ def _targets() -> str:
     width = max(map(len, FIGURES))
     return "\b\nTargets:\n" + "\n".join(
         f"  {name:<{width}}  {recipe.summary}" for name, recipe in FIGURES.items()) + (
-        f"\n  {'all':<{width}}  every figure above, in order")
+        f"\n  {'all':<{width}}  every figure above, in order") + "".join(
+        f"\n  {name}  {get_recipe(name).summary}" for name in MEASUREMENTS)
 
 
 @click.command("reproduce", epilog=_targets(),
-               short_help="Reproduce the figures of the paper's appendix B (fig1 … fig6).")
+               short_help="Reproduce the paper's App. B figures (fig1 … fig6) and its separation.")
 @click.argument("figures", nargs=-1, required=True,
-                type=click.Choice([*FIGURES, "all"]))
+                type=click.Choice([*FIGURES, *MEASUREMENTS, "all"]))
 @click.option("--quick", is_flag=True,
               help="Scaled-down sizes (d, k, runs, horizon) that finish in about a minute.")
 @click.option("--out-dir", type=click.Path(file_okay=False), default="results",
@@ -60,11 +64,12 @@ def _targets() -> str:
               help="Replace a file in --out-dir that is not this figure's sweep file or "
                    "figure (refused otherwise; a sweep file is resumed).")
 def reproduce(figures, quick, out_dir, scheduler, update, readme, convention, force):
-    """Reproduce FIGURES (fig1 … fig6, or all) of the paper's App. B."""
+    """Reproduce FIGURES (fig1 … fig6 of the paper's App. B, or all) or the separation of
+    Claim 2 / Theorem 19 (separation: a measurement over d, unit convention only)."""
     names = list(FIGURES) if "all" in figures else list(dict.fromkeys(figures))
     if "all" not in figures:  # an explicitly named figure the convention cannot run: refuse
         for name in names:  # before computing any
-            check_convention(FIGURES[name], convention)
+            check_convention(get_recipe(name), convention)
     else:
         names = [n for n in names if _runs(n, convention)]
     with _claim_outputs(names, quick, out_dir, readme, convention, force):
@@ -77,7 +82,7 @@ def reproduce(figures, quick, out_dir, scheduler, update, readme, convention, fo
                 command = "loradyn reproduce " + name + (" --quick" if quick else "") + (
                     f" --out-dir {shlex.quote(str(out_dir))}" if str(out_dir) != "results"
                     else "") + (f" --convention {convention}" if convention != "unit" else "")
-                update_readme(out_dir, FIGURES[name], quick, result.png, command,
+                update_readme(out_dir, get_recipe(name), quick, result.png, command,
                               result.timing(), convention)
 
 
@@ -89,13 +94,17 @@ def _claim_outputs(names, quick, out_dir, readme, convention, force):
     outputs = []
     for name in names:
         h5, png = figure_paths(name, quick, out_dir, convention)
-        recorded = recorded_figure(out_dir, FIGURES[name], quick, png, convention)
-        outputs += [Output("--out-dir", h5, "hdf5", "sweep"),
+        recorded = recorded_figure(out_dir, get_recipe(name), quick, png, convention)
+        policy = "sweep"
+        if name in MEASUREMENTS:  # its own file (resumed) or a new one; its figure is its own
+            ours = hdf5_format(h5) == MEASUREMENTS[name].FORMAT
+            policy, recorded = ("edit" if ours else "new"), recorded or ours
+        outputs += [Output("--out-dir", h5, "hdf5", policy),
                     Output("--out-dir", png, "figure", "derived", data=h5, recorded=recorded)]
     if readme:
         outputs.append(Output("--readme", Path(out_dir) / "README.md", "text", "edit"))
     with claim_outputs(outputs, force=force):
-        for name in names:
+        for name in (n for n in names if n not in MEASUREMENTS):
             recipe = FIGURES[name]
             check_learner(recipe)
             spec = parse_sweep(with_convention(recipe.sweep(quick), convention), source=None)

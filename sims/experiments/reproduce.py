@@ -6,6 +6,8 @@ of the same stem with :func:`render` and, if asked, records the figure, its exac
 the convention and the wall time in a section of ``<out_dir>/README.md`` (the rest of the
 README is kept). With ``echo``, the theory audit of the file's cells (:func:`audit_table`:
 every theory line against the SGD mean of its runs, as the cells store it; issue 40) follows.
+A target of ``MEASUREMENTS`` (``separation``: Claim 2 / Theorem 19, issue 38) is no sweep: its
+module measures, writes ``<out_dir>/<name>[_quick].h5`` and draws the ``.png``.
 
 ``convention`` is the instance key of ``dynamics.instance``: ``unit`` (default: the theory's
 unit rows, no file suffix) or App. B's ``appB`` / ``appB-sqrt`` model
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from dynamics.audit import Audit, fmt_value, stored_audits
 from sims.experiments.figures import FIGURES, Recipe
+from sims.experiments.figures import separation as separation_target
 from sims.experiments.figures.recipe import CONVENTION_TEXT, convention_caption, with_convention
 from sims.experiments.sweep import run_sweep
 from sims.experiments.sweep_spec import parse_sweep
@@ -41,10 +44,14 @@ from sims.plots.curves import (
     wrap_title,
 )
 
-__all__ = ["FIGURES", "CONVENTIONS", "ReproduceResult", "reproduce", "render", "figure_paths",
-           "check_learner", "check_convention", "update_readme", "audit_table"]
+__all__ = ["FIGURES", "MEASUREMENTS", "CONVENTIONS", "ReproduceResult", "reproduce", "get_recipe",
+           "render", "figure_paths", "check_learner", "check_convention", "update_readme",
+           "audit_table"]
 
 CONVENTIONS = tuple(CONVENTION_TEXT)
+#: targets that are measurements, not sweeps (run by their module's ``reproduce``; unit
+#: convention only; not in ``all``)
+MEASUREMENTS = {separation_target.NAME: separation_target}
 
 
 @dataclass
@@ -97,6 +104,9 @@ def check_convention(recipe: Recipe, convention: str) -> None:
     from dynamics.learners.registry import default_learner
 
     _suffix(convention, "")
+    if recipe.name in MEASUREMENTS and convention != "unit":
+        raise ValueError(f"{recipe.name} runs on the Claim 2 instance in the unit-row "
+                         f"convention only, not {convention!r}")
     learner = get_learner(recipe.learner or default_learner())
     if convention not in learner.conventions:
         runs = [n for n in LEARNERS if convention in get_learner(n).conventions]
@@ -107,9 +117,10 @@ def check_convention(recipe: Recipe, convention: str) -> None:
 
 def get_recipe(name: str) -> Recipe:
     try:
-        return FIGURES[name]
+        return FIGURES[name] if name in FIGURES else MEASUREMENTS[name].RECIPE
     except KeyError:
-        raise ValueError(f"unknown figure {name!r}; valid: {', '.join(FIGURES)}") from None
+        raise ValueError(f"unknown figure {name!r}; valid: "
+                         f"{', '.join([*FIGURES, *MEASUREMENTS])}") from None
 
 
 def reproduce(name: str, quick: bool = False, out_dir="results", scheduler=None,
@@ -120,8 +131,12 @@ def reproduce(name: str, quick: bool = False, out_dir="results", scheduler=None,
     recipe = get_recipe(name)
     check_convention(recipe, convention)
     check_learner(recipe)
-    spec = parse_sweep(with_convention(recipe.sweep(quick), convention), source=None)
     h5, png = figure_paths(name, quick, out_dir, convention)
+    if name in MEASUREMENTS:
+        res = MEASUREMENTS[name].reproduce(quick, h5, png, echo=echo)
+        return ReproduceResult(name, h5, png, time.perf_counter() - start, res.reused,
+                               res.cells)
+    spec = parse_sweep(with_convention(recipe.sweep(quick), convention), source=None)
     done = run_sweep(spec, h5, scheduler=scheduler, update=update, progress=progress,
                      echo=echo)
     save_figure(render(recipe, h5, quick, convention), png)
@@ -269,7 +284,8 @@ def _section(recipe: Recipe, quick: bool, png: Path, command: str, timing: str,
              convention: str = "unit") -> str:
     tag = _tag(recipe, quick, convention)
     title = f"{recipe.name.replace('fig', 'Figure ')}{_qualifier(quick, convention)}"
-    caption = convention_caption(recipe.caption, convention)
+    caption = (recipe.caption if recipe.name in MEASUREMENTS  # its own instance, unit rows
+               else convention_caption(recipe.caption, convention))
     return (f"<!-- reproduce:{tag} -->\n## {title}\n\n![{title}]({png.name})\n\n"
             f"{caption}\n\n```\n{command}\n```\n\nWall time: {timing} on {os.cpu_count()} "
             f"CPU cores. Data (git-ignored, rebuilt by the command): "
