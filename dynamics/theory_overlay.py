@@ -236,6 +236,9 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
     fixed = (f"finite-d corrected population ODE (hermite.finetune_ode, corrected=True): the "
              f"O(η) drift plus the O(η²d) renormalisation drift at d = {instances[0].d}, "
              f"b = {config.batch}, label noise {config.label_noise:g} (η·d = {eta_d:.3g})")
+    if _escape_line(config):
+        fixed += ("; with the diffusion of ⟨û, u⟩ during the escape from |m₀| ~ d^(−1/2): the "
+                  "mean |⟨û, u⟩| of runs from this start, eq. (E2) of docs/theory/finite-d.md")
     out = {"ode": ode, "extra_attrs": {"ode": {"note": plain, "ode": "plain"} | why},
            "extra": {}}
     part = {"partial": partial} if partial else {}
@@ -351,7 +354,17 @@ def corrected_seconds(config, instances: list[Instance], steps, rho: float = 0.0
     rk4 = _rk4_steps(config, steps, rho)
     k = instances[0].k
     per = CORRECTED_SECONDS["projected" if o.project else "unprojected"] * (1.0 + k / 32.0)
+    if _escape_line(config):  # the escape line carries COST_FLOWS corrected flows per start
+        from hermite.finetune_escape import COST_FLOWS
+
+        per *= COST_FLOWS
     return len(instances) * rk4 * k * per * KERNEL_COST[_kernel_kind(instances[0])]
+
+
+def _escape_line(config) -> bool:
+    """Whether ``hermite.finetune_ode(corrected=True)`` returns the escape line (E2) for this
+    learner: ĉ joint and û unprojected (hermite.finetune_escape)."""
+    return config.options.joint_c and not config.options.project
 
 
 def _rk4_steps(config, steps, rho: float = 0.0) -> int:

@@ -18,7 +18,7 @@ from numba import njit
 
 from .activations_numba import sigma_and_deriv
 
-__all__ = ["second_moment_block", "step_moments_block"]
+__all__ = ["second_moment_block", "overlap_moments_block", "step_moments_block"]
 
 
 @njit(cache=True, nogil=True)
@@ -89,6 +89,77 @@ def second_moment_block(p, mu, ch, z, a, b, lz, y, L, lam, xi, unit, row_scale, 
                 sq += gw[i] * gw[i]
             acc += sq + base - sdot * sdot
         res[r] = acc / n
+    return res
+
+
+@njit(cache=True, nogil=True)
+def overlap_moments_block(p, mu, ch, z, a, b, lz, y, L, lam, xi, unit, row_scale, out, uw,
+                          u_perp, code, deg):
+    """(R, 2) mean over the points of x and x², x = ⟨G_T, u⟩ the tangent sample gradient's
+    component along u (b = 1, unprojected û), at states p (R, k), μ (R,), ĉ (R, k).
+
+    The same points and arguments as :func:`second_moment_block`; u = (u_w, u⊥, 0, …), so
+    x = ⟨G_W, u_w⟩ + G_e u⊥ − S m with S = ⟨û, G⟩ and m = ⟨û, u⟩ (tangent projection).
+    """
+    runs, k = ch.shape
+    n = a.shape[0]
+    res = np.zeros((runs, 2))
+    xc = np.empty(k)
+    sc = np.empty(k)
+    pre = np.empty(k)
+    delta = np.empty(k)
+    gw = np.empty(k)
+    for r in range(runs):
+        nu2 = 1.0 - mu[r] * mu[r]
+        m = mu[r] * u_perp
+        for i in range(k):
+            nu2 -= p[r, i] * p[r, i]
+            m += p[r, i] * uw[i]
+        nu = math.sqrt(max(nu2, 0.0))
+        for j in range(k):
+            xc[j] = xi * ch[r, j]
+            if unit:
+                om = 0.0
+                for i in range(k):
+                    om += L[j, i] * p[r, i]
+                sc[j] = 1.0 / math.sqrt(1.0 + 2.0 * xc[j] * om + xc[j] * xc[j])
+            else:
+                sc[j] = row_scale
+        s1 = 0.0
+        s2 = 0.0
+        for t in range(n):
+            s = mu[r] * a[t] + nu * b[t]
+            for i in range(k):
+                s += p[r, i] * z[t, i]
+            f = 0.0
+            for j in range(k):
+                pre[j] = (lz[t, j] + xc[j] * s) * sc[j]
+                val, der = sigma_and_deriv(pre[j], code, deg)
+                f += lam[j] * val
+                delta[j] = lam[j] * der
+            resid = (-2.0 * out) * (y[t] - out * f)
+            g = 0.0
+            for j in range(k):
+                delta[j] *= resid
+                g += delta[j] * xc[j] * sc[j]
+            for i in range(k):
+                gw[i] = g * z[t, i]
+            if unit:
+                for j in range(k):
+                    coef = delta[j] * pre[j] * xc[j] * sc[j] * sc[j]
+                    for i in range(k):
+                        gw[i] -= coef * L[j, i]
+            ge = g * a[t]
+            sdot = mu[r] * ge + nu * g * b[t]
+            x = ge * u_perp
+            for i in range(k):
+                sdot += gw[i] * p[r, i]
+                x += gw[i] * uw[i]
+            x -= sdot * m
+            s1 += x
+            s2 += x * x
+        res[r, 0] = s1 / n
+        res[r, 1] = s2 / n
     return res
 
 

@@ -57,7 +57,13 @@ d − k − 2 (it enters linearly) — randomised quasi-Monte Carlo on fixed scr
 points (common random numbers, so the corrected drift is a smooth function of the state).
 It is the renormalisation drift of docs/theory/finite-d.md (its ``second_order`` method) in
 every regime; the projected/frozen/unit path keeps the exact-drift corrected map of
-:mod:`hermite.corrected_ode`. The QMC average jumps where a kinked σ′ does, which defeats
+:mod:`hermite.corrected_ode`. With ĉ joint and û unprojected, ``finetune_ode(corrected=True)``
+returns the line E|m| of :mod:`hermite.finetune_escape` instead of the flow alone: from
+|m₀| ~ d^{−1/2} the step noise of m (η² Var⟨Ḡ_T, u⟩ per step,
+:meth:`SecondMoment.overlap_variance`) is of the same order as the renormalisation drift, and
+the flow without it falls short of the runs' mean where η·d·ξ²·k is not small
+(docs/theory/finite-d.md, "The corrected flow with ĉ joint and û unprojected").
+The QMC average jumps where a kinked σ′ does, which defeats
 step-size control: the corrected ODE is integrated by RK4 (:class:`CorrectedFlow`) with
 steps η·Δt ≤ ``FLOW_STEP`` and Δt·ρ ≤ ``FLOW_RATE``, ρ the largest |eigenvalue| of the
 drift's Jacobian. The O(η) drift is stiff where ξ²k is large: ĉ's Hessian scales with ξ²
@@ -389,6 +395,10 @@ class FinetuneModel:
         dc = -self.eta_c * gc if self.joint_c else np.zeros_like(gc)
         return -self.eta * gp, -self.eta * gmu, dc
 
+    def c_cosine(self, ch):
+        """cos(ĉ, c) of states ĉ (N, k)."""
+        return (ch @ self.c) / (np.linalg.norm(ch, axis=-1) * np.linalg.norm(self.c))
+
     @property
     def rate(self) -> float:
         """The fastest step size of the state: max(η, η_c if ĉ is trained)."""
@@ -435,8 +445,13 @@ def _nu(p, mu):
     return np.sqrt(np.maximum(0.0, 1.0 - np.sum(p * p, axis=-1) - mu * mu))
 
 
-def finetune_ode_kind(corrected: bool = False) -> str:
+def finetune_ode_kind(corrected: bool = False, escape: bool = False) -> str:
     """The note recorded beside a curve of this module (which ODE it is)."""
+    if corrected and escape:
+        return ("finite-d corrected line of fine-tuning (hermite.finetune_ode: the O(η) drift "
+                "plus the O(η²d) renormalisation drift −(η²/2)X E‖Ḡ_T‖², and the diffusion of "
+                "m = ⟨û, u⟩ during the escape from |m₀| ~ d^(−1/2): E|m| of eq. (E2), "
+                "docs/theory/finite-d.md)")
     if corrected:
         return ("finite-d corrected population ODE of fine-tuning (hermite.finetune_ode: O(η) "
                 "drift plus the O(η²d) renormalisation drift −(η²/2)X E‖Ḡ_T‖²)")
@@ -494,6 +509,58 @@ class SecondMoment:
             mean2 = np.sum(gp * gp, axis=1) + gmu * gmu + gnu * gnu
             res = res / self.batch + (1.0 - 1.0 / self.batch) * mean2
         return res
+
+    def overlap_variance(self, p, mu, ch):
+        """(R,) Var⟨Ḡ_T, u⟩ of the tangent mini-batch gradient along u (unprojected û; the
+        batch mean of b independent examples: 1/b of one example's), over the same points;
+        the noise of m = ⟨û, u⟩ per step is η² times it (docs/theory/finite-d.md, "The
+        corrected flow with ĉ joint and û unprojected")."""
+        m = self.model
+        if m.project:
+            raise ValueError("overlap_variance: the unprojected learner's (û ⊥ span W has "
+                             "the projected band of hermite.finetune_band)")
+        p, mu, ch = _as_state(p, mu, ch, m.k)
+        runs, n, k = mu.size, self.a.size, m.k
+        mom = np.empty((runs, 2))
+        step = max(1, _QMC_BLOCK // (n * k))
+        for r0 in range(0, runs, step):
+            sl = slice(r0, min(runs, r0 + step))
+            mom[sl] = self._overlap_block(p[sl], mu[sl], ch[sl]) if self.code is None else \
+                self._overlap_compiled(p[sl], mu[sl], ch[sl])
+        return np.maximum(mom[:, 1] - mom[:, 0] ** 2, 0.0) / self.batch
+
+    def _overlap_compiled(self, p, mu, ch):
+        from ._second_moment_numba import overlap_moments_block
+
+        m = self.model
+        return overlap_moments_block(
+            np.ascontiguousarray(p, dtype=float), np.ascontiguousarray(mu, dtype=float),
+            np.ascontiguousarray(ch, dtype=float), self.z, self.a, self.b, self.lz, self.y,
+            m.L, m.lam, m.xi, m.unit, math.sqrt(m.s2), self.out, m.u_w, m.u_perp, *self.code)
+
+    def _overlap_block(self, p, mu, ch):
+        """(R, 2) means of x and x², x = ⟨G_T, u⟩ per point (numpy reference of
+        :func:`hermite._second_moment_numba.overlap_moments_block`)."""
+        m, out = self.model, self.out
+        nu = _nu(p, mu)
+        s = p @ self.z.T + mu[:, None] * self.a + nu[:, None] * self.b
+        xc = m.xi * ch
+        if m.unit:
+            scale = 1.0 / np.sqrt(1.0 + 2.0 * xc * (p @ m.L.T) + xc * xc)
+        else:
+            scale = np.full(ch.shape, math.sqrt(m.s2))
+        pre = (self.lz[None] + xc[:, None, :] * s[:, :, None]) * scale[:, None, :]
+        resid = self.y[None] - out * (self.fn(pre) @ m.lam)
+        delta = ((-2.0 * out) * resid)[:, :, None] * m.lam * self.deriv(pre)
+        g = np.einsum("rnk,rk->rn", delta, xc * scale)
+        gw = g[:, :, None] * self.z[None]
+        if m.unit:
+            gw = gw - (delta * pre * (xc * scale * scale)[:, None, :]) @ m.L
+        ge = g * self.a
+        sdot = np.einsum("rnk,rk->rn", gw, p) + mu[:, None] * ge + nu[:, None] * g * self.b
+        mm = p @ m.u_w + mu * m.u_perp
+        x = gw @ m.u_w + ge * m.u_perp - sdot * mm[:, None]
+        return np.stack([x.mean(axis=1), (x * x).mean(axis=1)], axis=1)
 
     def _compiled(self, p, mu, ch):
         """:meth:`_block` by :func:`hermite._second_moment_numba.second_moment_block`."""
@@ -606,7 +673,8 @@ def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=Non
                  corrected: bool = False, d: int | None = None, batch: int = 1,
                  label_noise: float = 0.0, rtol: float = 1e-7, atol: float = 1e-10,
                  method: str = "BDF", chunk: int = 2_000_000,
-                 model: FinetuneModel | None = None) -> FinetuneODE:
+                 model: FinetuneModel | None = None,
+                 escape: bool | None = None) -> FinetuneODE:
     """Integrate the population ODE of fine-tuning from each run's start (module docstring).
 
     Parameters
@@ -625,6 +693,11 @@ def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=Non
         reference). The corrected ODE uses RK4 (:class:`CorrectedFlow`: η·Δt ≤
         ``FLOW_STEP``, Δt·ρ ≤ ``FLOW_RATE``).
     chunk : runs per ``solve_ivp`` call are limited to about chunk / k² (memory).
+    escape : with ``corrected``, the line E|m| of :func:`hermite.finetune_escape.escape_line`
+        (the corrected flow plus the diffusion of the escape from |m₀| ~ d^{−1/2}, eq. (E2)
+        of docs/theory/finite-d.md); default (None): where ĉ is joint and û unprojected.
+        ``m`` is then signed by the run's corrected path, |m| the line, and p, μ, ĉ the
+        mixture's mean states.
 
     A flow that leaves the finite numbers, a solver failure or a stiff stretch the corrected
     flow cannot cross (``FLOW_MAX_STEPS``) is an ArithmeticError.
@@ -637,6 +710,16 @@ def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=Non
         eta_c=eta_c, prox=prox, corrected=corrected, d=d, batch=batch,
         label_noise=label_noise)
     runs, k, cps = mu0.size, model.k, ck.size
+    if escape is None:
+        escape = model.joint_c and not model.project
+    if corrected and escape and ck[-1] > 0.0:
+        from .finetune_escape import escape_line
+
+        line = escape_line(model, second, p0, mu0, ch0, ck, CorrectedFlow)
+        if not (np.all(np.isfinite(line.m)) and np.all(np.isfinite(line.c_overlap))):
+            raise ArithmeticError("finetune_ode: the corrected line left the finite numbers")
+        return FinetuneODE(ck, line.m, line.c_overlap, line.p, line.mu, line.c_hat,
+                           finetune_ode_kind(corrected, escape=True))
     out_p, out_mu = np.empty((runs, cps, k)), np.empty((runs, cps))
     out_c = np.empty((runs, cps, k))
     step = max(1, int(chunk // max(1, k * k)))
@@ -750,19 +833,30 @@ class CorrectedFlow:
     cannot cross).
     """
 
-    def __init__(self, model: FinetuneModel, ch0, second):
-        self.model, self.ch0, self.second = model, ch0, second
+    def __init__(self, model: FinetuneModel, ch0, second, share: int | None = None):
+        """``share``: the first ``share`` runs' E‖Ḡ_T‖² serves all runs (tiled: kicked copies
+        of them, whose difference must not read the QMC average's jumps)."""
+        self.model, self.ch0, self.second, self.share = model, ch0, second, share
         self.frozen = [None]
         self.fun = _rhs(model, ch0, second, self.frozen)
         self.h_max = FLOW_STEP / model.rate
         self.vec, self.taken = None, 0
+
+    def _held(self, y):
+        """E‖Ḡ_T‖² (R,) at the packed states y, the first ``share`` runs' tiled if set."""
+        model, ch0, share = self.model, self.ch0, self.share
+        if share is None:
+            return self.second(*model.unpack(y, ch0))
+        yy = y.reshape(ch0.shape[0], model.dim)[:share]
+        coef = self.second(*model.unpack(yy, ch0[:share]))
+        return np.tile(coef, ch0.shape[0] // share)
 
     def step(self, t, y, dt_max):
         """One RK4 step from (t, y) of at most ``dt_max`` SGD steps: (y after it, its length
         Δt, the midpoint y + (Δt/2)k₁ with k₁ the slope at y)."""
         model, ch0 = self.model, self.ch0
         if self.frozen[0] is None:
-            self.frozen[0] = self.second(*model.unpack(y, ch0))
+            self.frozen[0] = self._held(y)
         f0 = self.fun(t, y)
         if self.vec is None:
             rho, self.vec = _power_rate(self.fun, y, f0, _unit_rows(ch0.shape[0], model.dim),
@@ -770,7 +864,7 @@ class CorrectedFlow:
         else:
             rho, self.vec = _power_rate(self.fun, y, f0, self.vec, 1)
         dt = min(dt_max, self.h_max, FLOW_RATE / rho if rho > 0.0 else math.inf)
-        self.frozen[0] = self.second(*model.unpack(y + 0.5 * dt * f0, ch0))
+        self.frozen[0] = self._held(y + 0.5 * dt * f0)
         new, k1 = rk4_step(self.fun, t, y, dt)
         self.taken += 1
         if not np.all(np.isfinite(new)):

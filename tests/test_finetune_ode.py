@@ -292,7 +292,7 @@ def test_corrected_flow_converges_in_its_step():
     eta = 1.0 / inst.d
     steps = np.linspace(0, 6 / eta, 7)
     kw = dict(m0=np.array([0.05, -0.1]), project=False, joint_c=True, corrected=True,
-              d=inst.d)
+              d=inst.d, escape=False)  # the flow itself (the escape line: its own test)
     coarse = hermite.finetune_ode(inst, eta, steps, **kw)
     old = fp.FLOW_STEP
     try:
