@@ -184,10 +184,12 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
     if cost > CORRECTED_BUDGET_S:
         chosen = budget_starts(mu0, int(len(instances) * CORRECTED_BUDGET_S // cost))
         if chosen.any():
-            partial = (f"finite-d corrected ODE from {int(chosen.sum())} of {len(instances)} "
-                       f"runs' starts (spread over their ⟨û₀, u⟩): all of them ≈ {cost:.0f} s "
-                       f"> {CORRECTED_BUDGET_S:g} s")
-            print(f"note: {partial}", file=sys.stderr)
+            partial = (f"finite-d corrected ODE from some runs' starts only (spread over their "
+                       f"⟨û₀, u⟩; NaN in the others): all {len(instances)} ≈ {cost:.0f} s > "
+                       f"{CORRECTED_BUDGET_S:g} s")
+            print(f"note: finite-d corrected ODE from {int(chosen.sum())} of {len(instances)} "
+                  f"runs' starts (all of them ≈ {cost:.0f} s > {CORRECTED_BUDGET_S:g} s)",
+                  file=sys.stderr)
         else:
             corrected = False
             why["corrected"] = (f"finite-d corrected ODE not recorded: ≈ {cost:.0f} s for "

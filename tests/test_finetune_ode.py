@@ -601,8 +601,8 @@ def test_corrected_ode_over_its_budget_is_drawn_from_fewer_starts_and_says_so(mo
                                full.extra["ode_corrected_c_overlap"][have], atol=1e-9)
     m0 = np.sort(tr.m0)  # spread over the starts: the lowest and highest among them
     assert tr.m0[have].min() == m0[0] and tr.m0[have].max() == m0[-1]
-    assert "from 3 of 8 runs' starts" in tr.extra_attrs["ode_corrected"]["partial"]
-    assert "from 3 of 8" in tr.extra_attrs["ode_corrected_c_overlap"]["partial"]
+    assert "from some runs' starts only" in tr.extra_attrs["ode_corrected"]["partial"]
+    assert "from some runs' starts" in tr.extra_attrs["ode_corrected_c_overlap"]["partial"]
     assert "from 3 of 8 runs' starts" in capsys.readouterr().err
     np.testing.assert_array_equal(tr.ode, full.ode)  # the plain line is untouched
 

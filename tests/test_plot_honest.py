@@ -350,3 +350,20 @@ def test_a_group_longer_than_a_line_is_cut_at_its_own_separators():
     assert len(lines) > 2 and all(len(line) <= 39 for line in lines), lines
     assert all(line.endswith(",") for line in lines[:-1]), lines  # cut at separators only
     assert wrap_title("x, y", 6.4) == "x, y"
+
+
+def test_one_left_out_reason_shared_by_several_curves_names_them_once_each():
+    """Several curves of one figure with the same reason (a batch's cells share the corrected
+    line's ``partial`` note): one legend note naming those curves (curves are told apart by
+    identity; comparing them compared their arrays, an error)."""
+    from sims.plots.curves import left_out_notes
+
+    why = "finite-d corrected ODE from some runs' starts only"
+    curves = []
+    for xi in (0.5, 1.0, 2.0):
+        traj = synthetic([xi, xi], ode_corrected=np.full((2, 4), 0.3),
+                         extra_attrs={"ode_corrected": {"partial": why}} if xi < 2 else {})
+        curves.append(Curve(traj, {"xi": xi}))
+    notes = left_out_notes(curves, "overlap", ["xi"])
+    assert len(notes) == 1 and notes[0].endswith(why)
+    assert "ξ = 0.5" in notes[0] and "ξ = 1" in notes[0] and "ξ = 2" not in notes[0]

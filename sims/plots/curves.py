@@ -792,8 +792,9 @@ def _left_out(curves, quantity: str, keys) -> list[tuple[str, str]]:
             attrs = getattr(c.traj, "extra_attrs", {}).get(source.removeprefix("extra:"), {})
             for key in fields:
                 why = attrs.get(key)
-                if why and c not in by_reason.setdefault(str(why), []):
-                    by_reason[str(why)].append(c)
+                members = by_reason.setdefault(str(why), []) if why else None
+                if why and not any(c is m for m in members):  # identity: a Curve's arrays
+                    members.append(c)  # make == ambiguous
     out = []
     for why, members in by_reason.items():
         names = _names(members, keys)
