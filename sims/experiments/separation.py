@@ -40,13 +40,15 @@ from dynamics.reduced.network_simulate import NetworkChain
 from sims.experiments.fit import censored_median, fit_power_law
 
 __all__ = ["LEVEL", "LEARNERS", "FORMAT", "SeparationSpec", "SeparationResult", "Series",
-           "spec_for", "degree", "target_loss", "finetune_config", "finetune_times",
+           "spec_for", "degree", "fine_tuning", "target_loss", "finetune_config", "finetune_times",
            "scratch_config", "scratch_times", "ode_times", "learner_config", "learner_times",
            "median_ci", "run_separation", "write_separation", "read_separation",
            "summary_lines"]
 
 LEVEL = 0.9
-LEARNERS = ("finetune", "scratch", "scratch-csq")
+#: the learners the separation compares (valid names of SeparationSpec.learners): the
+#: fine-tuning learner and the from-scratch network learners of squared and correlation loss
+LEARNERS = tuple(dict.fromkeys(["finetune", "scratch", "scratch-csq"]))
 SIGMAS = ("he3", "he4")
 FORMAT = "loradyn-separation"
 
@@ -103,10 +105,18 @@ def scratch_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon
     return hits[0], config.steps
 
 
+def fine_tuning(learner: str) -> bool:
+    """Whether ``learner`` is the fine-tuning side (a low-rank learner: rank-1 chain, η ∝ 1/d,
+    horizon ∝ d), asked of the learner, else a from-scratch network learner."""
+    from dynamics.learners import get_learner
+
+    return get_learner(learner).family == "low-rank"
+
+
 def learner_config(sigma: str, learner: str, d: int, runs: int, c: float, horizon: float,
                    seed: int) -> RunConfig:
     """The RunConfig of one learner's runs at d (``finetune``: :func:`finetune_config`)."""
-    if learner == "finetune":
+    if fine_tuning(learner):
         return finetune_config(sigma, d, runs, c, seed, horizon)
     return scratch_config(sigma, learner, d, runs, c, horizon, seed)
 
@@ -114,7 +124,7 @@ def learner_config(sigma: str, learner: str, d: int, runs: int, c: float, horizo
 def learner_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon: float,
                   seed: int) -> np.ndarray:
     """The runs' first-passage steps to L* (fine-tuning: overlap 0.9, the same event)."""
-    if learner == "finetune":
+    if fine_tuning(learner):
         return finetune_times(sigma, d, runs, c, seed, horizon)
     return scratch_times(sigma, learner, d, runs, c, horizon, seed)[0]
 
@@ -210,11 +220,11 @@ class SeparationSpec:
                               self.horizon[learner], self.seed)
 
     def eta_law(self, learner: str) -> str:
-        return (f"{self.c[learner]:g}/d" if learner == "finetune"
+        return (f"{self.c[learner]:g}/d" if fine_tuning(learner)
                 else f"{self.c[learner]:g}/d^{self.p / 2:g}")
 
     def horizon_law(self, learner: str) -> str:
-        return (f"{self.horizon[learner]:g}·d" if learner == "finetune"
+        return (f"{self.horizon[learner]:g}·d" if fine_tuning(learner)
                 else f"{self.horizon[learner]:g}·d^{self.p - 1}")
 
 

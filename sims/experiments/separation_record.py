@@ -87,8 +87,8 @@ def keyed_rows(res: dict) -> list[dict]:
     """``res``'s rows with every series under its ``times`` key (files written before
     fine-tuning's row key named its c call it ``finetune``)."""
     name = f"finetune c={res['c_ft']:g}" if not isinstance(res["c_ft"], list) else None
-    return [{(name if k == "finetune" else k): v for k, v in row.items()}
-            for row in res["rows"]]
+    old = {"finetune": name}  # the row key of files before (renamed to the series' name)
+    return [{(old[k] if k in old else k): v for k, v in row.items()} for row in res["rows"]]
 
 
 def series_d(res: dict, key: str) -> list:

@@ -7,7 +7,13 @@ from __future__ import annotations
 import numpy as np
 
 from sims.experiments.figures.recipe import Recipe
-from sims.experiments.separation import FORMAT, LEVEL, SeparationResult, SeparationSpec
+from sims.experiments.separation import (
+    FORMAT,
+    LEVEL,
+    SeparationResult,
+    SeparationSpec,
+    fine_tuning,
+)
 
 NAME = "separation"
 #: per learner: η = c/d (finetune) or c/d^{p/2}, horizon H·d or H·d^{p−1} (the values of
@@ -86,7 +92,7 @@ def render(result: SeparationResult, quick: bool):
                         label=label)
             dd = np.array(fit["d_fitted"])
             ax.plot(dd, np.exp(fit["intercept"]) * dd ** fit["slope"], "-", color=color, lw=1.2)
-            anchors.setdefault("ft" if name == "finetune" else "scratch",
+            anchors.setdefault("ft" if fine_tuning(name) else "scratch",
                                (s.d[ok][0], s.median[ok][0]))
         elif ok.any():
             ax.plot(s.d[ok], s.median[ok], marker, color=color,
@@ -96,7 +102,7 @@ def render(result: SeparationResult, quick: bool):
                     label=f"{name}: median not reached by the horizon "
                           f"{result.spec.horizon_law(name)} (drawn at the horizon)")
         bx.plot(s.d, 100 * s.never, marker + "-", color=color, label=name,
-                mfc="none" if name == "finetune" else color, ms=9 if name == "finetune" else 6)
+                mfc="none" if fine_tuning(name) else color, ms=9 if fine_tuning(name) else 6)
     dref = np.geomspace(min(spec_.d), max(spec_.d), 20)
     for expo, anchor, note, ls in ((1.0, "ft", "", ":"), (p / 2, "scratch", " (CSQ bound)", "--"),
                                    (p - 1.0, "scratch", f" (online SGD, info. exponent {p})",
