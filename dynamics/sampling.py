@@ -25,6 +25,13 @@ counter-based ziggurat of :mod:`dynamics.counter_stream` instead: number m of ru
 function of (seed, r, m) alone (so again independent of R and of the chunking), the law is the
 same, the draws are not, and a number costs ~3 ns against ~18 ns for torch's float64
 ``normal_``.
+
+Resuming (``loradyn run --resume``, :mod:`dynamics.resume`): with ``capture`` set, the
+source keeps the state of its streams (every generator's ``get_state``, or the counter
+streams' position) as it was before the draw of each chunk it starts; :meth:`NoiseSource.
+snapshot` hands it out for the chunk the caller goes on with, :meth:`NoiseSource.load_state`
+puts it back in a new source, whose chunks are then the very numbers the first would have
+drawn (same chunk length, same schedule from there).
 """
 
 from __future__ import annotations
@@ -123,6 +130,8 @@ class NoiseSource:
         self.sqnorm_cols = sqnorm_cols
         self.per_run = device.type == "cpu" if per_run is None else bool(per_run)
         self.counter, self._drawn = bool(counter), 0  # numbers drawn per run so far
+        self.capture = False  # keep the streams' state before each chunk drawn (resuming)
+        self._started, self._snapshot = 0, None  # chunks started; (index, state) kept
         if self.counter:  # counter-based ziggurat (``dynamics.counter_stream``)
             self.per_run, self.generators = True, []
             self.keys = counter_keys(seed, runs)
@@ -163,6 +172,9 @@ class NoiseSource:
     def _start(self, slot: int, steps: int):
         if not 0 < steps <= self.chunk_steps:
             raise ValueError(f"chunk of {steps} steps; must be in 1..{self.chunk_steps}")
+        if self.capture:  # every earlier fill has ended (chunks waits for them first)
+            self._snapshot = (self._started, self.state())
+        self._started += 1
         start, self._drawn = self._drawn, self._drawn + steps * self.batch * self.width
         if self._pool is None:
             for block in self._blocks:
@@ -206,6 +218,30 @@ class NoiseSource:
         for fut in self._start(0, steps):
             fut.result()
         return self._view(0, steps)
+
+    def state(self) -> dict:
+        """The streams' state now: {"drawn": numbers drawn per run, "generators": list of
+        the generators' ``get_state`` (uint8 numpy arrays; none for counter streams)}."""
+        return {"drawn": int(self._drawn),
+                "generators": [g.get_state().numpy().copy() for g in self.generators]}
+
+    def snapshot(self, index: int) -> dict | None:
+        """The streams' state from just before chunk ``index`` (0-based, in the order the
+        chunks were started) was drawn, if :attr:`capture` kept it; else None."""
+        if self._snapshot is not None and self._snapshot[0] == index:
+            return self._snapshot[1]
+        return None
+
+    def load_state(self, state: dict) -> None:
+        """Continue the streams from :meth:`state` or :meth:`snapshot` (before any chunk of
+        this source is drawn): its next chunk is the one that state was taken before."""
+        gens = state.get("generators", [])
+        if len(gens) != len(self.generators):
+            raise ValueError(f"stream state of {len(gens)} generator(s), this source has "
+                             f"{len(self.generators)}")
+        for g, st in zip(self.generators, gens, strict=True):
+            g.set_state(torch.as_tensor(np.asarray(st, dtype=np.uint8)))
+        self._drawn = int(state.get("drawn", 0))
 
     def close(self) -> None:
         if self._pool is not None:

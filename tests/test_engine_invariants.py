@@ -191,7 +191,18 @@ def test_registry_and_dispatch(monkeypatch):
     assert tuple(learners.LEARNERS) == config_mod.LEARNERS
     calls = []
     fake = types.ModuleType("dynamics.reduced")
-    fake.simulate_resolved = lambda run: calls.append(run.config.engine) or "reduced-trajectory"
+
+    class _Chain:  # the runs of an exact chain, driven in segments by the engine
+        def __init__(self, run):
+            calls.append(run.config.engine)
+
+        def drive(self, **_):
+            return self
+
+        def trajectory(self):
+            return "reduced-trajectory"
+
+    fake.start_resolved = _Chain
     fake.reduced_supported = lambda cfg: (cfg.options.project,
                                           "" if cfg.options.project else "unprojected")
     monkeypatch.setitem(sys.modules, "dynamics.reduced", fake)

@@ -1,7 +1,8 @@
 """Interrupted runs keep their work (issue 26): SIGINT/SIGTERM on `loradyn run` writes the
-checkpoints reached as a complete trajectory file marked ``interrupted`` and exits 130/143;
-the reduced engine finishes its kernel and writes the complete file; an interrupted sweep
-keeps its finished cells and prints the command that resumes it.
+checkpoints reached as a complete trajectory file marked ``interrupted`` (and the run's state
+to its resume file, issue 37.3) and exits 130/143; the reduced engine stops at its next
+segment end (issue 38.2); an interrupted sweep keeps its finished cells and prints the
+command that resumes it.
 
 The subprocess tests send real signals at a known point through the engine's test hook
 (``LORADYN_TEST_INTERRUPT_AFTER_CHUNKS``, :mod:`dynamics.engine`), so they do not depend on
@@ -73,11 +74,13 @@ def test_interrupted_run_writes_the_checkpoints_reached(tmp_path, sig, code):
     assert len(lines) == 1, res.stderr
     found = re.fullmatch(rf"interrupted \(SIG{sig}\) at step (\d+) of {STEPS}: checkpoints up "
                          r"to step (\d+) written to part\.h5, marked interrupted; --plot "
-                         r"skipped", lines[0])
+                         r"skipped; the same command with --resume continues it "
+                         r"\(part\.h5\.resume\)", lines[0])
     assert found, lines[0]
     at, last = int(found[1]), int(found[2])
     assert not (tmp_path / "p.png").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["part.h5", "spec.toml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part.h5", "part.h5.resume",
+                                                          "spec.toml"]
 
     traj, meta = read_trajectory(tmp_path / "part.h5")  # complete, checksummed
     assert meta["interrupted"] is True and meta["interrupted_at_step"] == at
@@ -119,22 +122,25 @@ def _compile_reduced_kernel_here():
                        checkpoints=20, spacing="linear", finite_d_theory=False))
 
 
-def test_reduced_engine_finishes_its_kernel_then_exits(tmp_path):
-    """The reduced engine's choice: a signal during its kernel is honoured when the kernel
-    returns; the run is finished then, so the complete (unmarked) file is written."""
+def test_reduced_engine_stops_at_a_segment_end(tmp_path, monkeypatch):
+    """The reduced engine advances in segments (issue 38.2): a signal stops it at the next
+    segment end, the checkpoints reached written and marked, as the full engine does."""
     _compile_reduced_kernel_here()
     (tmp_path / "spec.toml").write_text(SPEC)
+    monkeypatch.setenv("LORADYN_SEGMENT_STEPS", "3000")  # the subprocess inherits it
     res = _loradyn(tmp_path, "run", "spec.toml", *RUN, "--engine", "reduced", "--out",
-                   "red.h5", chunks=0, sig="TERM")
+                   "red.h5", chunks=2, sig="TERM")
     assert res.returncode == 143, res.stderr
     assert res.stderr.strip().splitlines() == [
-        "interrupted (SIGTERM) after the last step (the reduced engine cannot stop inside its "
-        "kernel): the finished run was written to red.h5"]
+        "interrupted (SIGTERM) at step 6000 of 20000: checkpoints up to step 5263 written to "
+        "red.h5, marked interrupted; the same command with --resume continues it "
+        "(red.h5.resume)"]
     traj, meta = read_trajectory(tmp_path / "red.h5")
-    assert "interrupted" not in meta and meta["engine"] == "reduced"
-    np.testing.assert_array_equal(traj.steps, checkpoint_steps(STEPS, 20, "linear"))
+    assert meta["interrupted"] is True and meta["engine"] == "reduced"
+    assert meta["interrupted_at_step"] == 6000
+    np.testing.assert_array_equal(traj.steps, checkpoint_steps(STEPS, 20, "linear")[:6])
     assert np.isfinite(traj.overlap).all()
-    assert "interrupted" not in _show(tmp_path / "red.h5")
+    assert "interrupted      at step 6000 of 20000" in _show(tmp_path / "red.h5")
 
 
 def test_interrupted_sweep_keeps_cells_and_names_the_resume_command(tmp_path, monkeypatch):

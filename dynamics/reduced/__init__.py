@@ -46,10 +46,14 @@ The ``glm`` learner (single index on the full sphere) has its own exact scalar c
 derived in :mod:`.glm_chain` (numba only); ``simulate_reduced``/``first_passage_reduced``
 dispatch to it.
 
+Every chain advances in segments of many steps (:mod:`.segments`), one kernel call each, the
+runs' state and streams carried between them: the numbers of one call over the whole horizon,
+with progress lines, signals and resume files between segments.
+
 Backends: ``numba`` (CPU; runs in blocks on numba's threads, per-run SplitMix64 streams seeded from
 (seed, r), so results do not depend on the thread count; float64 always), ``numba-cuda``
 (the default on CUDA: the same compiled step loop as a CUDA kernel, one thread per run and
-every step in one launch, same streams, float64; :mod:`.cuda_kernel`) and ``torch``
+every step of a segment in one launch, same streams, float64; :mod:`.cuda_kernel`) and ``torch``
 (vectorised over runs, one launch per step, CUDA or CPU; honours float32; also the fallback
 for activations without a compiled version).
 """
@@ -71,7 +75,9 @@ from .simulate import (  # noqa: E402
     reduced_supported,
     simulate_reduced,
     simulate_resolved,
+    start_resolved,
 )
 
 __all__ = ["ENGINE", "BACKENDS", "reduced_supported", "simulate_reduced", "simulate_resolved",
-           "first_passage_reduced", "first_passages_reduced", "initial_trajectory"]
+           "start_resolved", "first_passage_reduced", "first_passages_reduced",
+           "initial_trajectory"]

@@ -1,12 +1,13 @@
-"""CUDA backend of the reduced chain: one thread per run, every step in ONE kernel launch.
+"""CUDA backend of the reduced chain: one thread per run, every step of a call in ONE launch.
 
 The kernel calls the same compiled step loop as the CPU driver (:func:`._chain.run_index`,
 which allocates nothing: its scratch rows are slices of device arrays here), with the same
 per-run SplitMix64 streams, so a run's numbers are those of the CPU ``numba`` backend up to
 floating-point contraction (FMA) on the device. Checkpoints are written by the threads
-themselves, so nothing returns to the host until the horizon (or every run's stop/divergence)
-is reached: the launch overhead is paid once per call instead of once per step, as it is in
-the vectorised torch backend (:mod:`.torch_chain`).
+themselves, so nothing returns to the host until the call ends (or every run has stopped or
+diverged): the launch overhead is paid once per call (a segment of about half a second,
+:mod:`.segments`) instead of once per step, as it is in the vectorised torch backend
+(:mod:`.torch_chain`).
 
 Tested on CPU with numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``), which executes the
 same kernel source thread by thread.

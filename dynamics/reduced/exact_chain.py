@@ -26,7 +26,9 @@ def convention_supported(config, chain) -> tuple[bool, str]:
 
 class ExactChain:
     """An exact overlap chain (subclasses implement every method but
-    :meth:`initial_trajectory`, which only chains with ``records_start`` provide)."""
+    :meth:`initial_trajectory`, which only chains with ``records_start`` provide).
+    :meth:`simulate` runs :meth:`start`'s runs to the horizon in segments
+    (:mod:`dynamics.reduced.segments`), so a signal or a progress line comes between two."""
 
     name = "?"
     #: the instance row conventions (``convention`` of the spec) the chain reduces
@@ -56,6 +58,14 @@ class ExactChain:
         """The :class:`~dynamics.trajectory.Trajectory` of ``config`` (validated and
         supported); ``instances``: the runs' resolved instances (default: built from the
         config); ``_chi2_dof`` is a test hook (a deliberately wrong χ² law)."""
+        raise NotImplementedError
+
+    def start(self, config, *, instances=None, backend: str | None = None,
+              _chi2_dof: int | None = None):
+        """:meth:`simulate`'s runs at step 0 as a
+        :class:`~dynamics.reduced.segments.ChainRun`, advanced in segments by the caller
+        (:func:`~dynamics.reduced.segments.run_to_end`: :meth:`simulate` is that, to the
+        horizon); the same numbers however the segments fall."""
         raise NotImplementedError
 
     def first_passages(self, config, levels, max_steps: int | None = None, *,

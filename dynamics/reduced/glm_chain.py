@@ -55,9 +55,10 @@ from ..trajectory import Trajectory, checkpoint_steps
 from . import _kernel, _rng
 from ._drive import drive, overlap_status
 from .exact_chain import ExactChain
+from .segments import ChainRun, run_to_end
 
-__all__ = ["GLMChain", "glm_supported", "simulate_glm", "first_passage_glm", "advance_glm",
-           "GlmHyper", "GlmRuns"]
+__all__ = ["GLMChain", "GlmRun", "glm_supported", "simulate_glm", "start_glm",
+           "first_passage_glm", "advance_glm", "GlmHyper", "GlmRuns"]
 
 ENGINE = "reduced"
 
@@ -184,17 +185,48 @@ def simulate_glm(config: RunConfig, *, backend: str | None = None,
                  _chi2_dof: int | None = None, instances=None) -> Trajectory:
     """The glm learner's Trajectory from the exact chain (same observables as the full
     engine: ``GLM.trajectory``); float64 on CPU. ``_chi2_dof``: test hook (wrong law)."""
-    from ..learners.glm import GLM
+    return run_to_end(start_glm(config, backend=backend, _chi2_dof=_chi2_dof,
+                                instances=instances)).trajectory()
 
+
+def start_glm(config: RunConfig, *, backend: str | None = None, _chi2_dof: int | None = None,
+              instances=None) -> GlmRun:
+    """:func:`simulate_glm`'s runs at step 0, to advance in segments (:mod:`.segments`)."""
     _check(config, backend)
     instances, act, states, m, nu = _start(config, instances)
-    m0 = m.copy()
     steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
-    cp_m, div, _ = _advance(config, instances, act, states, m, nu, steps, int(steps[-1]),
-                            dof=_chi2_dof)
-    result = RunResult(replace(config, dtype="float64"), instances, steps, {"overlap": cp_m},
-                       div, m0, "cpu", engine=ENGINE)
-    return GLM.trajectory(result)
+    return GlmRun(config, instances, act, states, m, nu, steps, _chi2_dof)
+
+
+class GlmRun(ChainRun):
+    """The glm chain's runs between segments: per run the stream, m and ν; records m."""
+
+    name = "glm"
+
+    def __init__(self, config, instances, act, states, m, nu, steps, dof=None):
+        self.config, self.instances, self.m0 = config, instances, m.copy()
+        dof = instances[0].d - 2 if dof is None else dof
+        self.hyper = (act[0], act[1], int(dof), float(config.eta), config.batch,
+                      math.sqrt(config.label_noise))
+        super().__init__(steps, {"states": states, "m": m, "nu": nu},
+                         {"m": np.empty((config.runs, len(steps)))})
+
+    def _kernel(self, state, rec, n_steps, cp, more):
+        n = state["m"].shape[0]
+        div, hit = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        hyp = GlmHyper(*self.hyper, int(n_steps), math.inf, True)
+        advance_glm(hyp, GlmRuns(state["states"], state["m"], state["nu"], div, hit), cp,
+                    rec["m"])
+        return div, hit
+
+    def trajectory(self) -> Trajectory:
+        from ..learners.glm import GLM
+
+        steps, rec = self.recorded()
+        result = RunResult(replace(self.config, dtype="float64"), self.instances, steps,
+                           {"overlap": rec["m"]}, self.div.copy(), self.m0, "cpu",
+                           engine=ENGINE)
+        return GLM.trajectory(result)
 
 
 def first_passage_glm(config: RunConfig, level: float, max_steps: int | None = None, *,
@@ -223,6 +255,9 @@ class GLMChain(ExactChain):
 
     def simulate(self, config, *, instances=None, backend=None, _chi2_dof=None) -> Trajectory:
         return simulate_glm(config, backend=backend, _chi2_dof=_chi2_dof, instances=instances)
+
+    def start(self, config, *, instances=None, backend=None, _chi2_dof=None) -> GlmRun:
+        return start_glm(config, backend=backend, _chi2_dof=_chi2_dof, instances=instances)
 
     def first_passages(self, config, levels, max_steps=None, *, absolute=True,
                        backend=None, quantity="overlap") -> np.ndarray:

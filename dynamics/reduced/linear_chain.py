@@ -63,9 +63,10 @@ from .exact_chain import ExactChain, convention_supported
 from .network_chain import _compress, _draw, _row_gram, chi2_table, min_dimension, storage_width
 from .network_simulate import compiled_activation_missing
 from .params import distinct
+from .segments import ChainRun, run_to_end
 
 __all__ = ["LinHyper", "LinRuns", "LinRecords", "make_lin_hyper", "advance_linear",
-           "step_given", "gram_top_overlap", "LinearChain"]
+           "step_given", "gram_top_overlap", "LinearChain", "LinearRun"]
 
 ENGINE = "reduced"
 
@@ -451,10 +452,16 @@ class LinearChain(ExactChain):
         """The Trajectory of ``config``: the learner's own ``trajectory`` of the chain's
         records. ``_chi2_dof``: test hook, the rest dimension d − t replaced (a wrong χ²
         law)."""
+        return run_to_end(self.start(config, instances=instances, backend=backend,
+                                     _chi2_dof=_chi2_dof)).trajectory()
+
+    def start(self, config, *, instances=None, backend=None, _chi2_dof=None) -> LinearRun:
+        """:meth:`simulate`'s runs at step 0 (Δ = 0), to advance in segments
+        (:mod:`.segments`)."""
         _check_backend(backend)
         instances = config.run_instances() if instances is None else instances
         steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
-        return self._record(_Start(config, instances), steps, _chi2_dof)
+        return LinearRun(_Start(config, instances), steps, _chi2_dof)
 
     def initial_trajectory(self, config, *, backend=None) -> Trajectory:
         """The runs' start alone (Δ = 0: one checkpoint, step 0), as :meth:`simulate`
@@ -465,19 +472,7 @@ class LinearChain(ExactChain):
     def _record(self, start: _Start, steps, rest_dim=None) -> Trajectory:
         """Advance the runs to ``steps[-1]``, recording at ``steps``: the learner's own
         trajectory of the records."""
-        from ..learners.linearized import top_overlap
-
-        runs, rec = self._advance(start, steps, int(steps[-1]), rest_dim=rest_dim)
-        n = len(start.instances)
-        result = RunResult(replace(start.config, dtype="float64"), start.instances,
-                           np.asarray(steps), {}, runs.div_step.copy(), np.full(n, np.nan),
-                           "cpu", engine=ENGINE)
-        # a diverged run's frozen Δ may be near overflow; its checkpoints read NaN anyway
-        delta = np.where(result.dead[..., None, None], np.nan, rec.delta)
-        u = np.zeros((n, 1, 2 * start.k + 1))
-        u[:, 0, : start.t] = start.u[start.inst_idx]
-        result.records.update(overlap=top_overlap(delta, u), delta=delta)
-        return start.learner.trajectory(result)
+        return run_to_end(LinearRun(start, steps, rest_dim)).trajectory()
 
     def first_passages(self, config, levels, max_steps=None, *, absolute=True, backend=None,
                        quantity: str = "overlap") -> np.ndarray:
@@ -497,6 +492,53 @@ class LinearChain(ExactChain):
             hit[runs.hit_step < 0] = np.nan
             out[li] = hit
         return out
+
+
+class LinearRun(ChainRun):
+    """The linearized chain's runs between segments: per run the stream, P, Z and its width
+    m (Δ = 0 at the start); records Δ (R, C, k, 2k + 1) in ``reduce_rows``' format."""
+
+    name = "linearized"
+
+    def __init__(self, start: _Start, steps, rest_dim=None):
+        config, inst0 = start.config, start.instances[0]
+        runs, k, t, b = len(start.instances), start.k, start.t, config.batch
+        self.start = start
+        o = config.options
+        self.hyper = (*start.code, config.eta, o.prox, math.sqrt(config.label_noise), b,
+                      o.project, inst0.d - t if rest_dim is None else rest_dim)
+        per_run = {"states": np.array([run_seed(config.seed, r, "data") for r in range(runs)],
+                                      dtype=np.uint64),
+                   "P": np.zeros((runs, k, t)), "Z": np.zeros((runs, k, storage_width(k, b))),
+                   "m": np.zeros(runs, dtype=np.int64),
+                   "inst_idx": np.asarray(start.inst_idx, np.int64)}
+        super().__init__(steps, per_run, {"delta": np.zeros((runs, len(steps), k, 2 * k + 1))})
+
+    def _kernel(self, state, rec, n_steps, cp, more):
+        start = self.start
+        n = state["P"].shape[0]
+        div, hit = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        hyp = make_lin_hyper(*self.hyper, n_steps, False, math.inf)
+        advance_linear(hyp, start.L, start.V, start.lam, start.u,
+                       LinRuns(state["states"], state["P"], state["Z"], state["m"],
+                               state["inst_idx"], div, hit), LinRecords(cp, rec["delta"]))
+        return div, hit
+
+    def trajectory(self) -> Trajectory:
+        from ..learners.linearized import top_overlap
+
+        start = self.start
+        steps, rec = self.recorded()
+        n = len(start.instances)
+        result = RunResult(replace(start.config, dtype="float64"), start.instances,
+                           np.asarray(steps), {}, self.div.copy(), np.full(n, np.nan),
+                           "cpu", engine=ENGINE)
+        # a diverged run's frozen Δ may be near overflow; its checkpoints read NaN anyway
+        delta = np.where(result.dead[..., None, None], np.nan, rec["delta"])
+        u = np.zeros((n, 1, 2 * start.k + 1))
+        u[:, 0, : start.t] = start.u[start.inst_idx]
+        result.records.update(overlap=top_overlap(delta, u), delta=delta)
+        return start.learner.trajectory(result)
 
 
 def _check_backend(backend) -> None:

@@ -72,7 +72,7 @@ from . import _rng
 from ._drive import DIVERGED, HIT, RUNNING, drive
 
 __all__ = ["STOP_KINDS", "NetHyper", "NetRuns", "NetRecords", "make_net_hyper", "advance_network",
-           "storage_width", "min_dimension", "step_given"]
+           "work_arrays", "storage_width", "min_dimension", "step_given"]
 
 #: k′(t + storage) from which the b = 1 update also takes the next step's fields (one pass
 #: over the rows per step instead of two)
@@ -80,11 +80,13 @@ FUSE_MIN = 2048
 
 NetHyper = namedtuple("NetHyper", [
     "code", "hp", "scale", "correlation", "free", "train", "eta", "eta_c", "noise_sd",
-    "batch", "rest_dim", "n_steps", "stop_kind", "stop_level", "kernel_mode"])
+    "batch", "rest_dim", "n_steps", "stop_kind", "stop_level", "kernel_mode", "more"])
 NetHyper.__doc__ = """Settings of one call: σ(scale·x) by (code, p, scale); correlation loss;
 free rows; trained λ̂; η, η_c; label-noise sd; batch b; rest_dim = d − t; horizon; stop rule
 (:data:`STOP_KINDS`) and its level; how the dual kernel K is evaluated for the loss rule
-(:data:`KERNEL_MODES`)."""
+(:data:`KERNEL_MODES`); ``more``: steps follow this call (a segment of a longer run,
+:mod:`.segments`: the fused pass of its last step takes the next step's example, as one
+call over the whole horizon does)."""
 #: stop rules of a first-passage call: the alignment (mean over i of maxⱼ |cos(vᵢ, ŵⱼ)|, or
 #: of cos(vᵢ, ŵᵢ) for ``sparse``) at or above the level, or the exact population loss at or
 #: below it (unit rows, unit-row teacher: dual kernels)
@@ -93,9 +95,11 @@ STOP_KINDS = {"none": 0, "alignment": 1, "diagonal": 2, "loss": 3}
 #: x = 1 − 2 arccos(ρ)/π (``hermite.kernels.kernel_interpolant``, certified error bound)
 KERNEL_MODES = {"power": 0, "chebyshev_theta": 1}
 NetRuns = namedtuple("NetRuns", ["states", "P", "Z", "m", "lam_hat", "mask", "inst_idx",
-                                 "div_step", "hit_step"])
+                                 "div_step", "hit_step", "slot", "ready"])
 NetRuns.__doc__ = """The runs' streams (R,), P (R, k′, t), Z (R, k′, storage), used width m (R,),
-λ̂ (R, k′), row mask (R, k′) as 0/1 floats, instance index (R,), div/hit steps (R,)."""
+λ̂ (R, k′), row mask (R, k′) as 0/1 floats, instance index (R,), div/hit steps (R,), and the
+fused pass's carry (R,): the work slot of the next example and whether it is drawn (its
+example then waits in the run's work arrays)."""
 NetRecords = namedtuple("NetRecords", ["cp_steps", "cross", "gram", "lam_hat"])
 NetRecords.__doc__ = """Checkpoint steps (C,) and ⟨vᵢ, ŵⱼ⟩ (R, C, k, k′), Gram (R, C, k′, k′),
 λ̂ (R, C, k′)."""
@@ -112,12 +116,12 @@ RESYNC = 256
 
 def make_net_hyper(code, hp, scale, correlation, free, train, eta, eta_c, noise_sd, batch,
                    rest_dim, n_steps, stop_kind=0, stop_level=math.inf,
-                   kernel_mode=0) -> NetHyper:
+                   kernel_mode=0, more=False) -> NetHyper:
     """:class:`NetHyper` with the field types the kernel is compiled for."""
     return NetHyper(int(code), int(hp), float(scale), bool(correlation), bool(free),
                     bool(train), float(eta), float(eta_c), float(noise_sd), int(batch),
                     int(rest_dim), int(n_steps), int(stop_kind), float(stop_level),
-                    int(kernel_mode))
+                    int(kernel_mode), bool(more))
 
 
 def storage_width(width: int, batch: int) -> int:
@@ -761,7 +765,8 @@ def _net_step(ctx, sc, t):
             _fields1(hyp, P, Z, m, w, r)
         if not _grad1(hyp, m, lam_hat, mask, w, r):
             return (st, m, r, True), DIVERGED
-        if t + 1 < hyp.n_steps and m + 2 <= cap:  # the next step needs no compression
+        # the next step (in this call, or in the next one: ``more``) needs no compression
+        if (t + 1 < hyp.n_steps or hyp.more) and m + 2 <= cap:
             r2 = 1 - r
             st = _draw1(hyp, P.shape[1], m + 1, st, w, r2)
             _label1(hyp, V, ident, lam, w, r2)
@@ -796,38 +801,55 @@ def _net_record(ctx, sc, c):
 
 @njit(cache=True, _nrt=False, fastmath={"reassoc", "contract"})  # no NRT: see ._drive
 def _run_one(run, hyp, V, ident, lam, P, Z, lam_hat, mask, st, m, rec, w, teacher_term,
-             coef):
+             coef, slot, ready):
     """Advance one run (P, Z, λ̂ in place) by up to ``hyp.n_steps`` steps from its stream
-    ``st`` and width m, recording at the checkpoints (:func:`._drive.drive`); returns
-    (stream, m, div_step, hit_step)."""
+    ``st``, width m and fused-pass carry (``slot``, ``ready``: an example drawn ahead into
+    ``w``), recording at the checkpoints (:func:`._drive.drive`); returns (stream, m, slot,
+    ready, div_step, hit_step)."""
     b = hyp.batch
     cap = min(Z.shape[1], hyp.rest_dim)  # m + b ≤ cap keeps ≥ b rest dimensions (N3)
     chi2_table(w.chi, hyp.rest_dim, b)
     w.lref[1], w.lref[2] = kernel_slope_bound(hyp.kernel_mode, coef), 0.0
     ctx = (hyp, V, ident, lam, P, Z, lam_hat, mask, w, teacher_term, coef, cap, rec, run)
-    sc, div_step, hit_step = drive(_net_step, _net_record, ctx, (st, m, 0, False),
+    sc, div_step, hit_step = drive(_net_step, _net_record, ctx, (st, m, slot, ready),
                                    hyp.n_steps, rec.cp_steps)
-    return sc[0], sc[1], div_step, hit_step
+    return sc[0], sc[1], sc[2], sc[3], div_step, hit_step
 
 
 @njit(cache=True, nogil=True)
-def _advance_block(lo, hi, hyp, V, ident, lam, runs, rec, teacher_term, coef):
-    """Runs lo … hi − 1 of ``runs`` (in place), each with its work arrays."""
-    kp, t = runs.P.shape[1], runs.P.shape[2]
+def _advance_block(lo, hi, hyp, V, ident, lam, runs, rec, teacher_term, coef, work):
+    """Runs lo … hi − 1 of ``runs`` (in place), each with its rows of ``work``."""
     for run in range(lo, hi):
         i = runs.inst_idx[run]
-        w = _work(hyp.batch, V.shape[1], kp, t, runs.Z.shape[2])
-        st, m, div, hit = _run_one(run, hyp, V[i], ident[i], lam[i], runs.P[run], runs.Z[run],
-                                   runs.lam_hat[run], runs.mask[run], runs.states[run],
-                                   runs.m[run], rec, w, teacher_term[i], coef)
+        w = NetWork(work[0][run], work[1][run], work[2][run], work[3][run], work[4][run],
+                    work[5][run], work[6][run], work[7][run], work[8][run], work[9][run],
+                    work[10][run], work[11][run], work[12][run], work[13][run],
+                    work[14][run], work[15][run], work[16][run], work[17][run],
+                    work[18][run], work[19][run], work[20][run], work[21][run])
+        st, m, slot, ready, div, hit = _run_one(
+            run, hyp, V[i], ident[i], lam[i], runs.P[run], runs.Z[run], runs.lam_hat[run],
+            runs.mask[run], runs.states[run], runs.m[run], rec, w, teacher_term[i], coef,
+            runs.slot[run], runs.ready[run])
         runs.states[run], runs.m[run] = st, m
+        runs.slot[run], runs.ready[run] = slot, ready
         runs.div_step[run], runs.hit_step[run] = div, hit
 
 
-def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef) -> None:
+def work_arrays(runs: int, batch: int, k: int, kp: int, t: int, storage: int) -> tuple:
+    """Every run's work arrays (:class:`NetWork` fields, leading axis R, zeros): kept
+    between the calls of a run advanced in segments (the fused pass's example drawn ahead
+    lives there)."""
+    one = _work(batch, k, kp, t, storage)
+    return tuple(np.zeros((runs, *a.shape)) for a in one)
+
+
+def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef, work=None) -> None:
     """Advance every run of ``runs`` (:class:`NetRuns`, in place) by ``hyp.n_steps`` steps on
     numba's threads (:func:`dynamics.run_threads.over_runs`); V (I, k, t) teacher rows, ident (I,)
     V = [I, 0], λ (I, k) per instance; checkpoints into ``rec``. The loss stop rule reads
-    ``teacher_term`` (I,) λᵀK(VVᵀ)λ and K's coefficients ``coef`` (``hyp.kernel_mode``)."""
-    over_runs(_advance_block, runs.P.shape[0], hyp, V, ident, lam, runs, rec, teacher_term,
-              coef)
+    ``teacher_term`` (I,) λᵀK(VVᵀ)λ and K's coefficients ``coef`` (``hyp.kernel_mode``).
+    ``work``: the runs' :func:`work_arrays` (fresh ones if None)."""
+    n, kp, t = runs.P.shape
+    if work is None:
+        work = work_arrays(n, hyp.batch, V.shape[1], kp, t, runs.Z.shape[2])
+    over_runs(_advance_block, n, hyp, V, ident, lam, runs, rec, teacher_term, coef, work)

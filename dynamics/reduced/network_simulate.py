@@ -19,14 +19,18 @@ from .network_chain import (
     STOP_KINDS,
     NetRecords,
     NetRuns,
+    NetWork,
     advance_network,
     make_net_hyper,
     min_dimension,
     storage_width,
+    work_arrays,
 )
 from .params import distinct
+from .segments import ChainRun, run_to_end
 
-__all__ = ["NetworkChain", "ChainStart", "loss_levels_supported", "kernel_series"]
+__all__ = ["NetworkChain", "NetworkRun", "ChainStart", "loss_levels_supported",
+           "kernel_series"]
 
 ENGINE = "reduced"
 
@@ -162,7 +166,8 @@ class NetworkChain(ExactChain):
                           dtype=np.uint64)
         run_state = NetRuns(states, start.P, start.Z, start.m, start.lam_hat, start.mask,
                             start.inst_idx, np.full(runs, -1, dtype=np.int64),
-                            np.full(runs, -1, dtype=np.int64))
+                            np.full(runs, -1, dtype=np.int64), np.zeros(runs, dtype=np.int64),
+                            np.zeros(runs, dtype=bool))
         C = len(steps)
         rec = NetRecords(np.asarray(steps, dtype=np.int64), np.empty((runs, C, k, width)),
                          np.empty((runs, C, width, width)), np.empty((runs, C, width)))
@@ -186,22 +191,20 @@ class NetworkChain(ExactChain):
         """The Trajectory of ``config``: the full engine's observables (the learner's own
         ``trajectory``) from the chain's records. ``_chi2_dof``: test hook, the rest
         dimension d − t replaced (a wrong χ² law)."""
+        return run_to_end(self.start(config, instances=instances, backend=backend,
+                                     _chi2_dof=_chi2_dof)).trajectory()
+
+    def start(self, config, *, instances=None, backend=None, _chi2_dof=None) -> NetworkRun:
+        """:meth:`simulate`'s runs at step 0, to advance in segments (:mod:`.segments`)."""
         backend = _check_backend(config, backend)
         instances = config.run_instances() if instances is None else instances
         steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
-        return self._record(ChainStart(config, instances), steps, backend, _chi2_dof)
+        return NetworkRun(ChainStart(config, instances), steps, backend, _chi2_dof)
 
     def _record(self, start: ChainStart, steps, backend, rest_dim=None) -> Trajectory:
         """Advance ``start`` to ``steps[-1]``, recording at ``steps``: the learner's own
         trajectory of the records."""
-        m0 = start.alignment()
-        runs, rec = self._advance(start, steps, int(steps[-1]), rest_dim=rest_dim,
-                                  backend=backend)
-        result = RunResult(replace(start.config, dtype="float64"), start.instances,
-                           np.asarray(steps), {"cross": rec.cross, "gram": rec.gram,
-                                               "lam_hat": rec.lam_hat},
-                           runs.div_step.copy(), m0, "cpu", engine=ENGINE)
-        return start.learner.trajectory(result)
+        return run_to_end(NetworkRun(start, steps, backend, rest_dim)).trajectory()
 
     first_passage_quantities = ("overlap", "loss")
 
@@ -248,6 +251,68 @@ class NetworkChain(ExactChain):
         backend = _check_backend(config, backend)
         return self._record(ChainStart(config, config.run_instances()),
                             np.zeros(1, np.int64), backend)
+
+
+class NetworkRun(ChainRun):
+    """The network chain's runs between segments: per run the stream, P, Z, its width m,
+    λ̂, the row mask, the fused pass's carry and work arrays (:mod:`.network_chain`);
+    records ⟨vᵢ, ŵⱼ⟩, the student Gram and λ̂ (the full engine's records)."""
+
+    name = "network"
+
+    def __init__(self, start: ChainStart, steps, backend="numba", rest_dim=None):
+        config, inst0 = start.config, start.instances[0]
+        runs, k, width = len(start.instances), inst0.k, start.learner.width
+        self.start, self.backend, self.m0 = start, backend, start.alignment()
+        code, hp, scale = compiled_activation(inst0.activation)
+        learner = start.learner
+        self.hyper = (code, hp, scale, learner.loss_name == "correlation", learner.free,
+                      learner.train_second_layer, config.eta, config.step_size_c,
+                      math.sqrt(config.label_noise), config.batch,
+                      inst0.d - start.t if rest_dim is None else rest_dim)
+        kp, t = start.P.shape[1], start.P.shape[2]
+        work = work_arrays(runs, config.batch, k, kp, t, start.Z.shape[2])
+        per_run = {"states": np.array([run_seed(config.seed, r, "data") for r in range(runs)],
+                                      dtype=np.uint64),
+                   "P": start.P, "Z": start.Z, "m": start.m, "lam_hat": start.lam_hat,
+                   "mask": start.mask, "inst_idx": np.asarray(start.inst_idx, np.int64),
+                   "slot": np.zeros(runs, dtype=np.int64), "ready": np.zeros(runs, dtype=bool)}
+        per_run |= {f"work{i}": a for i, a in enumerate(work)}
+        C = len(steps)
+        records = {"cross": np.empty((runs, C, k, width)),
+                   "gram": np.empty((runs, C, width, width)),
+                   "lam_hat": np.empty((runs, C, width))}
+        super().__init__(steps, per_run, records)
+
+    def _kernel(self, state, rec, n_steps, cp, more):
+        start = self.start
+        n = state["P"].shape[0]
+        div, hit = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        hyp = make_net_hyper(*self.hyper, n_steps, STOP_KINDS["none"], math.inf,
+                             start.kernel[0], more)
+        runs = NetRuns(state["states"], state["P"], state["Z"], state["m"], state["lam_hat"],
+                       state["mask"], state["inst_idx"], div, hit, state["slot"],
+                       state["ready"])
+        work = tuple(state[f"work{i}"] for i in range(len(NetWork._fields)))
+        args = (hyp, start.V, start.ident, start.lam, runs,
+                NetRecords(cp, rec["cross"], rec["gram"], rec["lam_hat"]), start.teacher_term,
+                start.kernel[1])
+        if self.backend == "numba-cuda":
+            from .network_cuda import advance_network as advance_cuda
+
+            advance_cuda(*args, work=work)
+        else:
+            advance_network(*args, work=work)
+        return div, hit
+
+    def trajectory(self) -> Trajectory:
+        start = self.start
+        steps, rec = self.recorded()
+        result = RunResult(replace(start.config, dtype="float64"), start.instances,
+                           np.asarray(steps), {"cross": rec["cross"], "gram": rec["gram"],
+                                               "lam_hat": rec["lam_hat"]},
+                           self.div.copy(), self.m0, "cpu", engine=ENGINE)
+        return start.learner.trajectory(result)
 
 
 def loss_levels_supported(config, instance) -> tuple[bool, str]:

@@ -24,8 +24,10 @@ from ..trajectory import Trajectory, checkpoint_steps
 from . import rank_chain
 from .exact_chain import ExactChain
 from .params import distinct, join_flat
+from .segments import ChainRun, run_to_end
 
-__all__ = ["RankChain", "rank_supported", "simulate_rank_reduced", "first_passage_rank"]
+__all__ = ["RankChain", "RankRun", "rank_supported", "simulate_rank_reduced",
+           "start_rank_reduced", "first_passage_rank"]
 
 
 def rank_supported(config) -> tuple[bool, str]:
@@ -59,6 +61,11 @@ class RankChain(ExactChain):
         if backend not in (None, "numba") or _chi2_dof is not None:
             raise ValueError("the rank-r chain has only the numba backend and its own χ² law")
         return simulate_rank_reduced(config, instances)
+
+    def start(self, config, *, instances=None, backend=None, _chi2_dof=None) -> RankRun:
+        if backend not in (None, "numba") or _chi2_dof is not None:
+            raise ValueError("the rank-r chain has only the numba backend and its own χ² law")
+        return start_rank_reduced(config, instances)
 
     def first_passages(self, config, levels, max_steps=None, *, absolute=True,
                        backend=None, quantity="overlap") -> np.ndarray:
@@ -127,23 +134,68 @@ def _advance(config, linst, arrays, states, m, b, cp, n_steps, stop_level=math.i
 def simulate_rank_reduced(config, instances=None) -> Trajectory:
     """Simulate a ``lora`` config on the rank-r chain; the same Trajectory as the full engine
     (float64 always)."""
+    return run_to_end(start_rank_reduced(config, instances)).trajectory()
+
+
+def start_rank_reduced(config, instances=None) -> RankRun:
+    """:func:`simulate_rank_reduced`'s runs at step 0, to advance in segments
+    (:mod:`.segments`)."""
     instances, linst, arrays = _setup(config, instances)
     states, m, b = _initial(config, linst)
-
-    m0 = hermite.signed_smallest(m)
     steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
-    cp_m, cp_chat, div, _ = _advance(config, linst, arrays, states, m, b, steps,
-                                     int(steps[-1]))
-    records = {"overlap_matrix": cp_m} | ({"c_hat": cp_chat} if cp_chat is not None else {})
-    result = RunResult(config, instances, steps, records, div, m0, torch.device("cpu"),
-                       engine="reduced")
-    problem = Problem.from_instances(instances, torch.device("cpu"), torch.float64)
-    learner = LoRA(problem, linst, eta=config.eta, eta_c=config.step_size_c, project=True,
-                   joint_c=config.options.joint_c, batch=1, label_noise=config.label_noise,
-                   prox=config.options.prox, retraction=config.options.retraction)
-    traj = learner.trajectory(result)
-    traj.dtype = "float64"
-    return traj
+    return RankRun(config, instances, linst, arrays, states, m, b, steps)
+
+
+class RankRun(ChainRun):
+    """The rank-r chain's runs between segments: per run the stream, M, B and Ĉ; records
+    M (R, C, r, r) and Ĉ (R, C, k, r) when trained."""
+
+    name = "rank-r"
+
+    def __init__(self, config, instances, linst, arrays, states, m, b, steps):
+        runs, r, k = config.runs, linst[0].rank, linst[0].k
+        self.config, self.instances, self.linst, self.arrays = config, instances, linst, arrays
+        self.m0 = hermite.signed_smallest(m)
+        C = len(steps)
+        joint = config.options.joint_c
+        per_run = {"states": states, "m": m, "b": b, "chat": arrays["chat"].copy(),
+                   "idx": arrays["idx"].copy()}
+        records = {"m": np.full((runs, C, r, r), np.nan),
+                   "chat": np.full((runs, C, k, r) if joint else (runs, 0, k, r), np.nan)}
+        super().__init__(steps, per_run, records)
+
+    def _kernel(self, state, rec, n_steps, cp, more):
+        config, linst, arrays = self.config, self.linst, self.arrays
+        n, k = state["m"].shape[0], linst[0].k
+        code, hp = act_code(linst[0].activation.name)
+        div, hit = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        hyp = rank_chain.make_rank_hyper(
+            config.options.joint_c, code, hp, linst[0].d - k - 2 * linst[0].rank, config.eta,
+            config.step_size_c, math.sqrt(config.label_noise),
+            rank_chain.RETRACTIONS[config.options.retraction], n_steps, math.inf)
+        inst = rank_chain.RankInst(arrays["L"], arrays["ident"], arrays["lam"], arrays["C"],
+                                   arrays["tnorm"], arrays["xi"], state["idx"])
+        runs_ = rank_chain.RankRuns(state["states"], state["m"], state["b"], state["chat"],
+                                    div, hit)
+        records = rank_chain.RankRecords(cp, rec["m"], rec["chat"])
+        # flat, through rank_chain.advance (a test patches it)
+        rank_chain.advance(*join_flat(rank_chain.FLAT_ARGS, hyp, inst, runs_, records))
+        return div, hit
+
+    def trajectory(self) -> Trajectory:
+        config, instances, linst = self.config, self.instances, self.linst
+        steps, rec = self.recorded()
+        records = {"overlap_matrix": rec["m"]} | ({"c_hat": rec["chat"]}
+                                                  if config.options.joint_c else {})
+        result = RunResult(config, instances, steps, records, self.div.copy(), self.m0,
+                           torch.device("cpu"), engine="reduced")
+        problem = Problem.from_instances(instances, torch.device("cpu"), torch.float64)
+        learner = LoRA(problem, linst, eta=config.eta, eta_c=config.step_size_c, project=True,
+                       joint_c=config.options.joint_c, batch=1, label_noise=config.label_noise,
+                       prox=config.options.prox, retraction=config.options.retraction)
+        traj = learner.trajectory(result)
+        traj.dtype = "float64"
+        return traj
 
 
 def first_passage_rank(config, level: float, max_steps: int | None = None) -> np.ndarray:

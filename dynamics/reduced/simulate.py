@@ -20,9 +20,11 @@ from . import _kernel, torch_chain
 from ._chain import Inst, Records, Runs, make_hyper
 from .exact_chain import ExactChain, convention_supported
 from .params import ChainParams, pack_instances
+from .segments import ChainRun, run_to_end
 
-__all__ = ["ENGINE", "BACKENDS", "RankOneChain", "reduced_supported", "simulate_resolved",
-           "simulate_reduced", "first_passage_reduced", "first_passages_reduced",
+__all__ = ["ENGINE", "BACKENDS", "RankOneChain", "RankOneRun", "TorchRankOneRun",
+           "reduced_supported", "simulate_resolved", "start_resolved", "simulate_reduced",
+           "start_rank_one", "first_passage_reduced", "first_passages_reduced",
            "initial_trajectory"]
 
 ENGINE = "reduced"
@@ -85,6 +87,10 @@ class RankOneChain(ExactChain):
     def simulate(self, config, *, instances=None, backend=None, _chi2_dof=None) -> Trajectory:
         steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
         return _record(config, backend, steps, _chi2_dof, instances)
+
+    def start(self, config, *, instances=None, backend=None, _chi2_dof=None):
+        steps = checkpoint_steps(config.steps, config.checkpoints, config.spacing)
+        return start_rank_one(config, backend, steps, _chi2_dof, instances)
 
     def initial_trajectory(self, config, *, backend=None) -> Trajectory:
         return _record(config, backend, np.zeros(1, dtype=np.int64), None)
@@ -195,10 +201,17 @@ def simulate_resolved(run) -> Trajectory:
     """A run resolved once (:class:`~dynamics.resolve.ResolvedRun`: validated, instances
     built) on its learner's chain, with those instances; ValueError where the chain does
     not cover it (``--engine reduced`` asked where it is not exact)."""
+    return run_to_end(start_resolved(run)).trajectory()
+
+
+def start_resolved(run):
+    """:func:`simulate_resolved`'s runs at step 0, as a
+    :class:`~dynamics.reduced.segments.ChainRun` to advance in segments (the engine's
+    driver: progress, interruption, resume files)."""
     ok, why = reduced_supported(run.config)
     if not ok:
         raise ValueError(why)
-    return run.learner.exact_chain().simulate(run.config, instances=run.run_instances)
+    return run.learner.exact_chain().start(run.config, instances=run.run_instances)
 
 
 def initial_trajectory(config: RunConfig, *, backend: str | None = None) -> Trajectory:
@@ -210,14 +223,136 @@ def initial_trajectory(config: RunConfig, *, backend: str | None = None) -> Traj
 
 
 def _record(config, backend, steps, dof, instances=None) -> Trajectory:
-    """Run the rank-1 chain to ``steps[-1]``, recording at ``steps``."""
+    """Run the rank-1 chain to ``steps[-1]``, recording at ``steps`` (in segments:
+    :mod:`.segments`)."""
+    return run_to_end(start_rank_one(config, backend, steps, dof, instances)).trajectory()
+
+
+def start_rank_one(config, backend, steps, dof=None, instances=None):
+    """The rank-1 chain's runs at step 0 (:class:`RankOneRun`, or :class:`TorchRankOneRun`
+    on the torch backend), to be advanced in segments towards ``steps[-1]``."""
     instances = config.run_instances() if instances is None else instances
     params = pack_instances(instances)
     backend, device = _choose_backend(config, backend, instances[0].activation.name)
     states, mu, nu, m0 = _initial_state(config, params, instances)
-    rec, div, _ = _run(config, params, instances, backend, device, mu, nu, states, steps,
-                       int(steps[-1]), dof=dof)
-    return _trajectory(config, instances, steps, rec, div, m0, backend, device)
+    cls = TorchRankOneRun if backend == "torch" else RankOneRun
+    return cls(config, params, instances, backend, device, steps, states, mu, nu, m0, dof)
+
+
+class RankOneRun(ChainRun):
+    """The rank-1 chain's runs between segments (numba, numba-cuda): per run the stream, μ,
+    ν, p and ĉ; records m, μ, ν (R, C), p, ĉ (R, C, k) where the variant moves them."""
+
+    name = "rank-1"
+
+    def __init__(self, config, params, instances, backend, device, steps, states, mu, nu, m0,
+                 dof=None):
+        runs, k = config.runs, params.k
+        o = config.options
+        self.config, self.params, self.instances = config, params, instances
+        self.backend, self.device, self.m0 = backend, device, m0
+        act = instances[0].activation
+        code, hp = act_code(act.name)
+        dof = instances[0].d - k - 2 if dof is None else dof
+        self.hyper = dict(project=o.project, joint=o.joint_c, code=code, hp=hp, dof=dof,
+                          eta=config.eta, eta_c=config.step_size_c, batch=config.batch,
+                          noise_sd=math.sqrt(config.label_noise))
+        C = len(steps)
+        per_run = {"states": states, "mu": mu, "nu": nu, "pw": np.zeros((runs, k)),
+                   "chat": params.c_hat0.copy(), "inst_idx": params.inst_idx.copy()}
+        records = {"m": np.empty((runs, C)), "mu": np.empty((runs, C)),
+                   "nu": np.empty((runs, C)),
+                   "pw": np.empty((runs, C, 0 if o.project else k)),
+                   "chat": np.empty((runs, C, k if o.joint_c else 0))}
+        super().__init__(steps, per_run, records)
+
+    def _kernel(self, state, rec, n_steps, cp, more):
+        n = state["mu"].shape[0]
+        div, hit = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        h = self.hyper
+        hyp = make_hyper(h["project"], h["joint"], h["code"], h["hp"], h["dof"], h["eta"],
+                         h["eta_c"], h["batch"], h["noise_sd"], n_steps)
+        if self.backend == "numba-cuda":  # one thread per run, the segment in one launch
+            from . import cuda_kernel
+
+            advance = cuda_kernel.advance_runs
+        else:
+            advance = _kernel.advance_runs
+        p = self.params
+        advance(hyp, Inst(p.L, p.ident, p.prm, state["inst_idx"]),
+                Runs(state["states"], state["mu"], state["nu"], state["pw"], state["chat"],
+                     div, hit),
+                Records(cp, rec["m"], rec["mu"], rec["nu"], rec["pw"], rec["chat"]))
+        return div, hit
+
+    def trajectory(self) -> Trajectory:
+        steps, rec = self.recorded()
+        rec = dict(rec)
+        rec["pw"] = rec["pw"] if not self.config.options.project else None
+        rec["chat"] = rec["chat"] if self.config.options.joint_c else None
+        return _trajectory(self.config, self.instances, steps, rec, self.div.copy(), self.m0,
+                           self.backend, self.device)
+
+
+class TorchRankOneRun(ChainRun):
+    """The rank-1 chain's runs between segments on the torch backend
+    (:class:`.torch_chain.TorchRun`: one generator for all runs, so every run takes every
+    call, the stopped ones frozen by the chain itself)."""
+
+    name = "rank-1"
+    backend = "torch"
+
+    def __init__(self, config, params, instances, backend, device, steps, states, mu, nu, m0,
+                 dof=None):
+        k = params.k
+        o = config.options
+        self.config, self.instances, self.device, self.m0 = config, instances, device, m0
+        dt = resolve_dtype(config.dtype)
+
+        def t(a):
+            return torch.as_tensor(a, dtype=dt, device=device)
+
+        dof = instances[0].d - k - 2 if dof is None else dof
+        self.torch_run = torch_chain.TorchRun(
+            torch_chain.TorchParams.from_params(params, device, dt), instances[0].activation,
+            project=o.project, joint=o.joint_c, dof=dof, eta=config.eta,
+            eta_c=config.step_size_c, batch=config.batch,
+            noise_sd=math.sqrt(config.label_noise), mu=t(mu), nu=t(nu),
+            pw=t(np.zeros((config.runs, k))), chat=t(params.c_hat0.copy()),
+            seed=run_seed(config.seed, 1, "data"))
+        super().__init__(steps, {"mu": mu}, {})
+
+    def advance(self, n: int) -> None:
+        t0 = self.t
+        t1 = min(t0 + max(int(n), 0), self.total)
+        c1 = int(np.searchsorted(self.cp_steps, t1, side="right"))
+        self.torch_run.advance(t0, t1, self.cp_steps[self.c:c1])
+        self.t, self.c = t1, c1
+        self.div[:] = self.torch_run.div.cpu().numpy()
+        self.hit[:] = self.torch_run.hit.cpu().numpy()
+
+    def trajectory(self) -> Trajectory:
+        rec, _, _ = self.torch_run.results()
+        steps = self.cp_steps[: self.c]
+        return _trajectory(self.config, self.instances, steps, rec, self.div.copy(), self.m0,
+                           "torch", self.device)
+
+    def run_state(self):
+        rs = super().run_state()
+        arrays, values = self.torch_run.state()
+        rs.arrays = {k: v for k, v in rs.arrays.items() if k in ("div", "hit")}
+        rs.arrays |= {f"torch/{k}": v for k, v in arrays.items()}
+        rs.values = {"torch": values}
+        return rs
+
+    def load_run_state(self, rs) -> None:
+        rs.require(kind=self.kind, total=self.total, checkpoints=int(self.cp_steps.size),
+                   runs=self.runs)
+        self.torch_run.load({k.removeprefix("torch/"): v for k, v in rs.arrays.items()
+                             if k.startswith("torch/")}, rs.values.get("torch", {}))
+        self.t, self.c = int(rs.step), int(rs.reached)
+        self.div[:] = rs.array("div", self.div.shape, self.div.dtype)
+        self.hit[:] = rs.array("hit", self.hit.shape, self.hit.dtype)
 
 
 def _trajectory(config, instances, steps, rec, div, m0, backend, device) -> Trajectory:

@@ -138,48 +138,120 @@ def advance(P: TorchParams, act, *, project, joint, dof, eta, eta_c, batch, nois
 
     Returns (records dict of numpy (R, C[, k]) arrays m, mu, nu, pw, chat; div_step;
     hit_step) with the conventions of :func:`._chain.run_one`. The loop never waits for the
-    device except at checkpoints and every ``_SYNC_EVERY`` steps.
+    device except at checkpoints and every ``_SYNC_EVERY`` steps. One call of
+    :class:`TorchRun` over the whole horizon.
     """
-    runs, k = chat.shape
-    dev, dt = mu.device, mu.dtype
-    gen = torch.Generator(device=dev).manual_seed(int(seed))
-    half_dof = torch.full((runs,), 0.5 * dof, dtype=dt, device=dev)
-    live = torch.ones(runs, dtype=torch.bool, device=dev)
-    div = torch.full((runs,), -1, dtype=torch.int64, device=dev)
-    hit = torch.full((runs,), -1, dtype=torch.int64, device=dev)
-    rec = {name: [] for name in ("m", "mu", "nu", "pw", "chat")}
-    cps = list(np.asarray(cp_steps, dtype=np.int64))
-    use_stop = math.isfinite(stop_level)
-    for t in range(n_steps + 1):
-        while cps and cps[0] == t:
-            cps.pop(0)
-            for name, val in (("m", overlap(P, mu, pw, project)), ("mu", mu), ("nu", nu),
-                              ("pw", pw), ("chat", chat)):
-                rec[name].append(val.double().cpu().numpy())
-        if t == n_steps or (t % _SYNC_EVERY == 0 and not bool(live.any())):
-            break
-        Z = torch.randn((runs, batch, k), generator=gen, dtype=dt, device=dev)
-        A = torch.randn((runs, batch), generator=gen, dtype=dt, device=dev)
-        Bv = torch.randn((runs, batch), generator=gen, dtype=dt, device=dev)
-        eps = (noise_sd * torch.randn((runs, batch), generator=gen, dtype=dt, device=dev)
-               if noise_sd > 0 else torch.zeros_like(A))
-        chi = (2.0 * torch._standard_gamma(half_dof, generator=gen) if dof > 0
-               else torch.zeros_like(mu))
-        new = step(P, act, project, joint, float(eta), float(eta_c), mu, nu, pw, chat,
-                   Z, A, Bv, eps, chi=chi)
-        keep = live[:, None]
-        mu, nu = torch.where(live, new[0], mu), torch.where(live, new[1], nu)
-        pw, chat = torch.where(keep, new[2], pw), torch.where(keep, new[3], chat)
-        m = overlap(P, mu, pw, project)
-        bad = live & ~(torch.isfinite(m) & torch.isfinite(nu) & (m.abs() <= 1.0 + M_TOL))
-        div = torch.where(bad, t + 1, div)
-        live &= ~bad
-        if use_stop:
-            reached = live & ((m.abs() if stop_abs else m) >= stop_level)
-            hit = torch.where(reached, t + 1, hit)
-            live &= ~reached
-    for _ in cps:  # checkpoints past a global early end: repeat the frozen state
-        for name in rec:
-            rec[name].append(rec[name][-1])
-    out = {n: np.stack(v, axis=1) if v else None for n, v in rec.items()}
-    return out, div.cpu().numpy(), hit.cpu().numpy()
+    run = TorchRun(P, act, project=project, joint=joint, dof=dof, eta=eta, eta_c=eta_c,
+                   batch=batch, noise_sd=noise_sd, mu=mu, nu=nu, pw=pw, chat=chat, seed=seed,
+                   stop_level=stop_level, stop_abs=stop_abs)
+    run.advance(0, n_steps, cp_steps)
+    return run.results()
+
+
+class TorchRun:
+    """R runs of the vectorised chain between calls: state μ, ν, p, ĉ, the one generator
+    of the batch, the live mask and the div/hit steps. :meth:`advance` from step t0 to t1
+    in pieces gives the numbers of one call from 0 to the horizon (same draws in the same
+    order; the early end once no run is live is checked at the same global steps)."""
+
+    def __init__(self, P: TorchParams, act, *, project, joint, dof, eta, eta_c, batch, noise_sd,
+                 mu, nu, pw, chat, seed, stop_level=math.inf, stop_abs=True):
+        runs = chat.shape[0]
+        dev, dt = mu.device, mu.dtype
+        self.P, self.act, self.project, self.joint = P, act, project, joint
+        self.dof, self.eta, self.eta_c, self.batch = dof, eta, eta_c, batch
+        self.noise_sd, self.stop_level, self.stop_abs = noise_sd, stop_level, stop_abs
+        self.mu, self.nu, self.pw, self.chat = mu, nu, pw, chat
+        self.gen = torch.Generator(device=dev).manual_seed(int(seed))
+        self.half_dof = torch.full((runs,), 0.5 * dof, dtype=dt, device=dev)
+        self.live = torch.ones(runs, dtype=torch.bool, device=dev)
+        self.div = torch.full((runs,), -1, dtype=torch.int64, device=dev)
+        self.hit = torch.full((runs,), -1, dtype=torch.int64, device=dev)
+        self.rec = {name: [] for name in ("m", "mu", "nu", "pw", "chat")}
+        self.ended = False  # stopped early: no run live at a sync step
+
+    def _record(self) -> None:
+        for name, val in (("m", overlap(self.P, self.mu, self.pw, self.project)),
+                          ("mu", self.mu), ("nu", self.nu), ("pw", self.pw),
+                          ("chat", self.chat)):
+            self.rec[name].append(val.double().cpu().numpy())
+
+    def advance(self, t0: int, t1: int, cp_steps) -> None:
+        """Steps t0 … t1 − 1 (global indices), recording at the global ``cp_steps`` in
+        [t0, t1] not recorded yet; after an early end the checkpoints repeat the last."""
+        cps = list(np.asarray(cp_steps, dtype=np.int64))
+        if not self.ended:
+            self._steps(int(t0), int(t1), cps)
+        for _ in cps:  # checkpoints past a global early end: repeat the frozen state
+            for name in self.rec:
+                self.rec[name].append(self.rec[name][-1])
+
+    def _steps(self, t0: int, t1: int, cps: list) -> None:
+        P, act, project, joint = self.P, self.act, self.project, self.joint
+        runs, k = self.chat.shape
+        dev, dt = self.mu.device, self.mu.dtype
+        gen, batch, dof, noise_sd = self.gen, self.batch, self.dof, self.noise_sd
+        mu, nu, pw, chat, live = self.mu, self.nu, self.pw, self.chat, self.live
+        use_stop = math.isfinite(self.stop_level)
+        for t in range(t0, t1 + 1):
+            while cps and cps[0] == t:
+                cps.pop(0)
+                self.mu, self.nu, self.pw, self.chat = mu, nu, pw, chat
+                self._record()
+            if t % _SYNC_EVERY == 0 and not bool(live.any()):
+                self.ended = True
+                break
+            if t == t1:
+                break
+            Z = torch.randn((runs, batch, k), generator=gen, dtype=dt, device=dev)
+            A = torch.randn((runs, batch), generator=gen, dtype=dt, device=dev)
+            Bv = torch.randn((runs, batch), generator=gen, dtype=dt, device=dev)
+            eps = (noise_sd * torch.randn((runs, batch), generator=gen, dtype=dt, device=dev)
+                   if noise_sd > 0 else torch.zeros_like(A))
+            chi = (2.0 * torch._standard_gamma(self.half_dof, generator=gen) if dof > 0
+                   else torch.zeros_like(mu))
+            new = step(P, act, project, joint, float(self.eta), float(self.eta_c), mu, nu, pw,
+                       chat, Z, A, Bv, eps, chi=chi)
+            keep = live[:, None]
+            mu, nu = torch.where(live, new[0], mu), torch.where(live, new[1], nu)
+            pw, chat = torch.where(keep, new[2], pw), torch.where(keep, new[3], chat)
+            m = overlap(P, mu, pw, project)
+            bad = live & ~(torch.isfinite(m) & torch.isfinite(nu) & (m.abs() <= 1.0 + M_TOL))
+            self.div = torch.where(bad, t + 1, self.div)
+            live &= ~bad
+            if use_stop:
+                reached = live & ((m.abs() if self.stop_abs else m) >= self.stop_level)
+                self.hit = torch.where(reached, t + 1, self.hit)
+                live &= ~reached
+        self.mu, self.nu, self.pw, self.chat, self.live = mu, nu, pw, chat, live
+
+    def results(self):
+        """(records dict of numpy (R, C[, k]) arrays, or None where none was recorded;
+        div_step; hit_step)."""
+        out = {n: np.stack(v, axis=1) if v else None for n, v in self.rec.items()}
+        return out, self.div.cpu().numpy(), self.hit.cpu().numpy()
+
+    def state(self) -> tuple[dict, dict]:
+        """(arrays, JSON values) of everything :meth:`load` needs to go on."""
+        arrays = {name: t.detach().cpu().numpy().copy() for name, t in
+                  (("mu", self.mu), ("nu", self.nu), ("pw", self.pw), ("chat", self.chat),
+                   ("live", self.live), ("div", self.div), ("hit", self.hit))}
+        arrays["generator"] = self.gen.get_state().numpy()
+        arrays |= {f"rec/{n}": np.stack(v, axis=1) for n, v in self.rec.items() if v}
+        return arrays, {"ended": self.ended}
+
+    def load(self, arrays: dict, values: dict) -> None:
+        """Continue from :meth:`state` of a run of the same settings."""
+        dev = self.mu.device
+
+        def like(t, a):
+            return torch.as_tensor(np.asarray(a), dtype=t.dtype, device=dev).reshape(t.shape)
+
+        self.mu, self.nu = like(self.mu, arrays["mu"]), like(self.nu, arrays["nu"])
+        self.pw, self.chat = like(self.pw, arrays["pw"]), like(self.chat, arrays["chat"])
+        self.live = like(self.live, arrays["live"])
+        self.div, self.hit = like(self.div, arrays["div"]), like(self.hit, arrays["hit"])
+        self.gen.set_state(torch.as_tensor(np.asarray(arrays["generator"], dtype=np.uint8)))
+        self.rec = {n: (list(np.moveaxis(np.asarray(arrays[f"rec/{n}"]), 1, 0))
+                        if f"rec/{n}" in arrays else []) for n in self.rec}
+        self.ended = bool(values.get("ended", False))

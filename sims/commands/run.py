@@ -5,13 +5,22 @@ built (:func:`parse_overrides`: the value is read as a TOML/JSON scalar or array
 word as a string; an unknown key or a malformed pair is a one-line error naming it).
 
 Interruption (issue 26; :func:`dynamics.engine.interruptible`): the first SIGINT (Ctrl-C) or
-SIGTERM stops the full engine at its next chunk end; the checkpoints reached so far are
-written to --out as a complete, checksummed trajectory file marked ``interrupted``
-(``loradyn show`` says so), one line says where, and the command exits 130 (SIGINT) or 143
-(SIGTERM). The reduced engine's kernel cannot stop midway: a signal during it is honoured
-when it returns, the run being then finished: its complete file is written (not marked) and
-the command exits 130/143 all the same. A second signal aborts at once and writes nothing.
-An existing --out is never replaced without --force (checked before any compute).
+SIGTERM stops the full engine at its next chunk end, the reduced engine at its next segment
+end (about half a second); the checkpoints reached so far are written to --out as a
+complete, checksummed trajectory file marked ``interrupted`` (``loradyn show`` says so), the
+run's state to its resume file, one line says where, and the command exits 130 (SIGINT) or
+143 (SIGTERM). A second signal aborts at once and writes nothing. An existing --out is never
+replaced without --force (checked before any compute).
+
+Resume files (issue 37.3; :mod:`sims.io.resume`): every few minutes of wall time
+(``LORADYN_RESUME_SECONDS``, default 300) and when a signal stops it, the run saves its
+state beside --out as ``OUT.resume`` (atomically, fsynced); a finished run removes it. After
+a kill (``kill -9``, the machine going down) or a signal, the same command plus ``--resume``
+continues from it to the numbers an uninterrupted run gives (bit for bit). ``--resume``
+without a resume file, or with one whose config, fingerprint of the inputs or engine differs
+from the command's, is one line naming the difference, and nothing is changed. A command
+without ``--resume`` whose --out has a resume file is refused (one line) unless ``--force``,
+which starts over.
 
 Outputs (issue 37): --out and --plot are locked for the whole command (a second ``loradyn``
 writing either is refused at once, naming the holder's pid; :mod:`sims.io.lock`), the
@@ -45,6 +54,7 @@ from dynamics.engine_choice import engine_reason
 from dynamics.instance import SPEC_KEYS, SpecError, build_instance, load_spec
 from dynamics.learners import get_learner
 from dynamics.learners.registry import default_learner
+from dynamics.resume import Checkpointer
 from sims.commands.checks import (
     blowup_lines,
     check_run_space,
@@ -56,6 +66,7 @@ from sims.commands.checks import (
     warn,
 )
 from sims.commands.learner_flags import given_options, learner_flags
+from sims.io.resume import fingerprint, load_resume, read_resume, resume_path, write_resume
 from sims.io.summary import quantity_summaries
 from sims.io.trajectory import write_trajectory
 from sims.plots.quick import instance_title, plot_run
@@ -251,20 +262,76 @@ def _audit_lines(traj) -> list[str]:
                    "(frozen ĉ, projected, b = 1); the committee ODE of scratch, scratch-csq "
                    "and sparse.")
 @click.option("--json", "as_json", is_flag=True, help="Print the mean curve as JSON.")
+@click.option("--resume", is_flag=True,
+              help="Continue the unfinished run of this same command from its resume file "
+                   "OUT.resume (saved every few minutes and on Ctrl-C/SIGTERM): the numbers "
+                   "of an uninterrupted run; --out and --plot are then replaced. One line "
+                   "and no change where there is none or it is another command's.")
 def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, spacing,
         xi_values, instance_seeds, dtype, device, engine, streams, out, plot, finite_d_theory,
-        as_json, force=False, overrides=(), **options):
+        as_json, force=False, overrides=(), resume=False, **options):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
     given = parse_overrides(overrides)  # before the file: a bad --set is named first
-    with claim_run_outputs(spec, out, plot, force):  # before any default is computed
+    # --resume replaces the interrupted run's own outputs (module docstring)
+    with claim_run_outputs(spec, out, plot, force or resume):  # before any default
         _run(spec, given, learner, out, plot, as_json, dict(
             eta=eta, steps=steps, runs=runs, seed=seed, batch=batch, label_noise=label_noise,
             checkpoints=checkpoints, spacing=spacing, xi_values=list(xi_values) or None,
             instance_seeds=instance_seeds, dtype=dtype, device=device, engine=engine,
-            streams=streams, finite_d_theory=finite_d_theory), options)
+            streams=streams, finite_d_theory=finite_d_theory), options, resume=resume,
+             force=force)
 
 
-def _run(spec, given, learner, out, plot, as_json, fields, options) -> None:
+def _command_line() -> str | None:
+    """The command line that resumes this run (``loradyn run … --resume``), where the
+    process was started as ``loradyn run``."""
+    import shlex
+    import sys
+
+    args = sys.argv[1:]
+    if args[:1] != ["run"]:
+        return None
+    return shlex.join(["loradyn", *args, *([] if "--resume" in args else ["--resume"])])
+
+
+def _resume_writer(path, config_text: str, fp: dict, out):
+    """The checkpointer's ``write``: the resume file (:mod:`sims.io.resume`); an OS error
+    (disk full, …) is one warning line, and the run goes on without it."""
+    command, failed = _command_line(), []
+
+    def write(state) -> None:
+        try:
+            write_resume(path, state, config=config_text, fingerprint=fp, out=out,
+                         command=command)
+        except OSError as exc:
+            if not failed:
+                warn(f"{exc}; the run goes on without a resume file")
+            failed.append(exc)
+
+    return write
+
+
+def _resume_state(path, resume: bool, force: bool, config_text: str, fp: dict, engine: str):
+    """The saved state to go on from (``--resume``), or None; a resume file left by an
+    unfinished run is refused without --resume or --force (--force removes it)."""
+    if resume:
+        return load_resume(path, config=config_text, fingerprint=fp, engine=engine)
+    if path.exists():
+        if not force:
+            try:
+                saved, _ = read_resume(path, arrays=False)
+                where = f" (step {saved.step} of {saved.total})"
+            except ValueError:
+                where = ""
+            raise click.ClickException(
+                f"{path} holds the state of an unfinished run of --out{where}; add --resume "
+                "to continue it, or --force to start over")
+        path.unlink()
+    return None
+
+
+def _run(spec, given, learner, out, plot, as_json, fields, options, *, resume=False,
+         force=False) -> None:
     """The body of ``loradyn run`` once its outputs are claimed (locked)."""
     spec_dict = apply_overrides(load_spec(spec), given)  # read once
     learner = learner or spec_learner(spec_dict)
@@ -280,18 +347,26 @@ def _run(spec, given, learner, out, plot, as_json, fields, options) -> None:
     check_run_space(config, out)
     engine, why = engine_reason(config)
     notes.append(f"engine {engine}" + (f" (auto: {why})" if why else ""))
+    saved_at = resume_path(out)
+    config_text, fp = fingerprint(config, resolved.run_instances)
+    state = _resume_state(saved_at, resume, force, config_text, fp, resolved.engine)
+    if state is not None:
+        notes.append(f"resumed at step {state.step} from {saved_at}")
     if why and config.steps * config.runs * base.d >= LONG_FULL_RUN:
         warn(f"engine auto takes the full O(d) engine for this long run ({why}); "
              "progress and ETA follow")
+    checkpointer = Checkpointer(_resume_writer(saved_at, config_text, fp, out))
     with interruptible() as stop:  # module docstring
         with memory_guard():
-            traj = simulate(resolved, progress=True)
+            traj = simulate(resolved, progress=True, checkpointer=checkpointer, resume=state)
         for line in blowup_lines(health(traj)):
             warn(line)
         write_trajectory(out, traj, config,  # the instances the trajectory carries
                          interrupted_at=stop.step, interrupted_by=stop.signal_name)
+        if stop.step is None:  # finished: its state is of no more use
+            saved_at.unlink(missing_ok=True)
         if stop.signum is not None:
-            _interrupted(stop, traj, config, out, plot)
+            _interrupted(stop, traj, config, out, plot, saved_at)
     if plot:
         plot_run(traj, plot, instance_title(config), config=config)
     if as_json:
@@ -307,17 +382,17 @@ def _run(spec, given, learner, out, plot, as_json, fields, options) -> None:
                                    f"lower --eta (file written: {out})")
 
 
-def _interrupted(stop, traj, config, out, plot) -> None:
+def _interrupted(stop, traj, config, out, plot, saved_at) -> None:
     """One line saying what was written, then exit 128 + the signal (130, 143)."""
     name = stop.signal_name
     if stop.step is not None:
         line = (f"interrupted ({name}) at step {stop.step} of {config.steps}: checkpoints up "
                 f"to step {int(traj.steps[-1])} written to {out}, marked interrupted"
-                + ("; --plot skipped" if plot else ""))
-    else:  # in the reduced engine's kernel, or in the theory/writing after the last step
-        why = (" (the reduced engine cannot stop inside its kernel)"
-               if traj.engine == "reduced" else "")
-        line = (f"interrupted ({name}) after the last step{why}: the finished run was "
+                + ("; --plot skipped" if plot else "")
+                + (f"; the same command with --resume continues it ({saved_at})"
+                   if saved_at.exists() else ""))
+    else:  # in the theory or the writing after the last step
+        line = (f"interrupted ({name}) after the last step: the finished run was "
                 f"written to {out}" + ("; --plot skipped" if plot else ""))
     click.echo(line, err=True)
     click.get_current_context().exit(128 + int(stop.signum))

@@ -8,12 +8,19 @@ The summary gives the statistics the figures draw, each named (issue 38): the me
 that end near −u count as recovered) beside the signed median ⟨û, u⟩ (``loradyn run --plot``,
 ``loradyn plot``'s default); a from-scratch learner's overlap is its alignment, ≥ 0. A dataset
 that holds nothing (all NaN: no population ODE of ⟨û, u⟩ for this learner) or a placeholder
-(``xi`` of a committee teacher, which has no ξ) is marked as such."""
+(``xi`` of a committee teacher, which has no ξ) is marked as such.
+
+An unfinished run (issue 37.3): ``loradyn show OUT.resume``, or ``loradyn show OUT`` where
+only the resume file exists (a run killed before it wrote OUT), describes it — steps reached
+of the total, checkpoints recorded, runs, engine, config and the command that continues it;
+on a trajectory file whose resume file is there too (a run stopped by a signal), one more
+line names it."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import click
 import h5py
@@ -21,10 +28,11 @@ import numpy as np
 
 from dynamics.learners.options import all_options
 from sims.commands.run import summary_json
+from sims.io.resume import describe_resume, is_resume_file, resume_path
 from sims.io.sweep import SWEEP_FORMAT, file_format, read_sweep
 from sims.io.trajectory import read_trajectory
 
-__all__ = ["show", "describe", "describe_sweep"]
+__all__ = ["show", "describe", "describe_sweep", "describe_unfinished"]
 
 HEADER = ("format", "format_version", "loradyn_version", "git_commit", "created", "engine",
           "learner", "dtype", "device", "loss_kind", "seed")
@@ -170,19 +178,65 @@ def _show_sweep(file, as_json) -> None:
                    + _final(s, cell["network"]))
 
 
+def describe_unfinished(path) -> dict:
+    """What a resume file says of its unfinished run (:func:`sims.io.resume.describe_resume`)
+    plus its progress as a fraction."""
+    info = describe_resume(path)
+    info["fraction"] = info["step"] / info["total"] if info["total"] else 0.0
+    return info
+
+
+def _config_lines(cfg: dict) -> None:
+    spec = {k: _brief(v) for k, v in cfg.get("instance", {}).items()}
+    click.echo(f"{'instance':16s} {json.dumps(spec, sort_keys=True, ensure_ascii=False)}")
+    keys = ("eta", "steps", "runs", "batch", "label_noise", "xi_values", "instance_seeds")
+    click.echo(f"{'run':16s} " + ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg))
+    own = [k for k in all_options() if k in cfg]
+    if own:
+        click.echo(f"{'options':16s} " + ", ".join(f"{k}={cfg[k]}" for k in own))
+
+
+def _show_unfinished(path, as_json) -> None:
+    info = describe_unfinished(path)
+    if as_json:
+        click.echo(json.dumps(info, default=str))
+        return
+    for key in ("format", "loradyn_version", "git_commit", "created"):
+        click.echo(f"{key:16s} {info[key]}")
+    cfg = info["config"] or {}
+    click.echo(f"{'unfinished':16s} step {info['step']} of {info['total']} "
+               f"({100 * info['fraction']:.1f}%), checkpoints {info['reached']} of "
+               f"{info['checkpoints']} recorded, {info['runs']} runs")
+    click.echo(f"{'engine':16s} {info['engine']} ({info['kind']})")
+    click.echo(f"{'learner':16s} {cfg.get('learner')}")
+    click.echo(f"{'output':16s} {info['out']} (not written yet, or an interrupted run's)")
+    _config_lines(cfg)
+    resume = info["command"] or "the command that started it, plus --resume"
+    click.echo(f"{'resume with':16s} {resume}")
+
+
 @click.command("show")
 @click.argument("file")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
 def show(file, as_json):
     """Describe FILE: a trajectory file (`loradyn run`) or a sweep file (`loradyn sweep`,
-    `scaling`, `reproduce`)."""
+    `scaling`, `reproduce`).
+
+    Also an unfinished run: its resume file OUT.resume, or OUT while only its resume file
+    exists (steps reached of the total, runs, config, the command that continues it)."""
+    saved = resume_path(file)
+    if is_resume_file(file) or (not Path(file).exists() and saved.exists()):
+        _show_unfinished(file if is_resume_file(file) else saved, as_json)
+        return
     if file_format(file) == SWEEP_FORMAT:
         _show_sweep(file, as_json)
         return
     info = describe(file)
+    unfinished = describe_unfinished(saved) if is_resume_file(saved) else None
     if as_json:
         traj, _ = read_trajectory(file)
         info["curve"] = summary_json(traj)
+        info["resume_file"] = unfinished
         click.echo(json.dumps(info, default=str))
         return
     for key in HEADER:
@@ -191,14 +245,10 @@ def show(file, as_json):
         stop = info["interrupted"]
         click.echo(f"{'interrupted':16s} at step {stop['at_step']} of {stop['of_steps']} "
                    f"(checkpoints up to step {stop['last_checkpoint']}; {stop['signal']})")
-    cfg = info["config"] or {}
-    spec = {k: _brief(v) for k, v in cfg.get("instance", {}).items()}
-    click.echo(f"{'instance':16s} {json.dumps(spec, sort_keys=True, ensure_ascii=False)}")
-    keys = ("eta", "steps", "runs", "batch", "label_noise", "xi_values", "instance_seeds")
-    click.echo(f"{'run':16s} " + ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg))
-    own = [k for k in all_options() if k in cfg]
-    if own:
-        click.echo(f"{'options':16s} " + ", ".join(f"{k}={cfg[k]}" for k in own))
+    if unfinished is not None:
+        click.echo(f"{'resume file':16s} {saved}: step {unfinished['step']} of "
+                   f"{unfinished['total']}; the same command with --resume continues it")
+    _config_lines(info["config"] or {})
     for name, shape in info["datasets"].items():
         why = info["placeholders"].get(name)
         click.echo(f"{'dataset':16s} {name} {tuple(shape)}" + (f" ({why})" if why else ""))
