@@ -46,7 +46,8 @@ def _targets() -> str:
 @click.argument("figures", nargs=-1, required=True,
                 type=click.Choice([*FIGURES, *MEASUREMENTS, "all"]))
 @click.option("--quick", is_flag=True,
-              help="Scaled-down sizes (d, k, runs, horizon) that finish in minutes (each figure writes its wall time; docs/theory/audit.md).")
+              help="Scaled-down sizes (d, k, runs, horizon) that finish in minutes (each "
+                   "figure prints its wall time).")
 @click.option("--out-dir", type=click.Path(file_okay=False), default="results",
               help="Where the HDF5 sweep files and the PNG figures go.")
 @click.option("--scheduler", default=None, metavar="ADDRESS|local:N",
