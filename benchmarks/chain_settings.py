@@ -4,7 +4,7 @@ instance."""
 
 from __future__ import annotations
 
-from dynamics.config import RunConfig
+from dynamics.setup.config import RunConfig
 
 NN2PP_ERF = "erf(x/sqrt2)"
 

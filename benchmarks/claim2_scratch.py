@@ -129,11 +129,11 @@ import time
 import numpy as np
 
 import hermite
-from dynamics.committee_overlay import ODE_EVALS, committee_model, committee_state, plan_order
-from dynamics.config import RunConfig
-from dynamics.engine import FullRun, simulate
-from dynamics.instance import build_instance
+from dynamics.engines.engine import FullRun, simulate
+from dynamics.instances.instance import build_instance
 from dynamics.learners.directions import initial_directions
+from dynamics.overlays.committee import ODE_EVALS, committee_model, committee_state, plan_order
+from dynamics.setup.config import RunConfig
 from hermite.committee import ESCAPE_OVERLAP, FirstPassage, committee_first_passage
 
 LOSS_OF = {"scratch": "squared", "scratch-csq": "correlation"}

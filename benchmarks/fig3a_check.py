@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
+from dynamics.setup.config import RunConfig
 from sims.experiments.figures.recipe import unit_row_instance
 
 FRACTIONS = (0.001, 0.01, 0.1, 0.33, 1.0)  # checkpoints (fractions of T) printed

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
+from dynamics.setup.config import RunConfig
 
 ALPHAS = (0.5, 1, 2, 5, 10, 20, 30, 40)
 

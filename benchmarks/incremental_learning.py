@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 import hermite
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
-from dynamics.instance import build_instance
-from dynamics.lora_instance import build_lora_instance
+from dynamics.engines.engine import simulate
+from dynamics.instances.instance import build_instance
+from dynamics.instances.lora_instance import build_lora_instance
+from dynamics.setup.config import RunConfig
 
 LEVEL = 0.5
 

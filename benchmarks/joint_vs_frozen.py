@@ -31,9 +31,9 @@ import time
 import numpy as np
 
 import hermite
-from dynamics.config import RunConfig
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from dynamics.reduced import first_passages_reduced
+from dynamics.setup.config import RunConfig
 
 LEVELS = (0.5, 0.9)
 

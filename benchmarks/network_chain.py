@@ -42,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chain_settings import NN2PP_ERF, claim2_config, committee_config  # noqa: E402
 from peer_nn2pp import loradyn_rate, nn2pp_rate  # noqa: E402
 
-from dynamics.config import RunConfig  # noqa: E402
 from dynamics.reduced import _rng  # noqa: E402
 from dynamics.reduced.network_simulate import ChainStart, NetworkChain  # noqa: E402
+from dynamics.setup.config import RunConfig  # noqa: E402
 from hermite.activations_numba import compiled_activation, sigma, sigma_and_deriv  # noqa: E402
 
 

@@ -34,8 +34,8 @@ import time
 
 import numpy as np
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
+from dynamics.setup.config import RunConfig
 
 ALPHAS = (1, 10, 50, 100, 200, 300, 500, 700, 1000)
 

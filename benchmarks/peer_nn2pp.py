@@ -24,7 +24,7 @@ What is timed, interleaved ``--repeats`` times (medians and their ratios are rep
   the compiled path), so loradyn runs ``--activation`` (default ReLU, the brief's choice);
   σ and σ′ cost k evaluations per step against the O(kd) row work, so the activation does
   not move either rate measurably. Streams: ``auto`` (per-run torch generators, the
-  default) and ``counter`` (the counter-based ziggurat, ``dynamics.counter_stream``).
+  default) and ``counter`` (the counter-based ziggurat, ``dynamics.randomness.counter_stream``).
 - sampling bounds at one thread: torch's float64 ``normal_`` of N numbers per step (the
   default streams) and the counter streams' fill of N numbers per step, as steps/s: no
   learner drawing its examples from that sampler can run faster.
@@ -54,10 +54,10 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from dynamics.config import RunConfig  # noqa: E402
-from dynamics.counter_stream import fill_normals  # noqa: E402
-from dynamics.engine import FullRun  # noqa: E402
-from dynamics.sampling import counter_keys  # noqa: E402
+from dynamics.engines.engine import FullRun  # noqa: E402
+from dynamics.randomness.counter_stream import fill_normals  # noqa: E402
+from dynamics.randomness.sampling import counter_keys  # noqa: E402
+from dynamics.setup.config import RunConfig  # noqa: E402
 
 CHUNK = 256  # steps per chunk of examples (the engine's largest chunk)
 ALPHA0 = 0.5  # nn2pp's shorter horizon α₁ (units of N steps)

@@ -19,8 +19,8 @@ import argparse
 import json
 import time
 
-from dynamics.config import RunConfig
 from dynamics.reduced import first_passage_reduced
+from dynamics.setup.config import RunConfig
 
 
 def _config(d, k, runs, steps, activation, device):

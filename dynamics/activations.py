@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dynamics.lazy import lazy_import
 from hermite.activations import (
     ACTIVATION_NAMES,
     Activation,
@@ -21,8 +22,6 @@ from hermite.activations import (
     get_activation,
     hermite_normalized,
 )
-
-from .lazy import lazy_import
 
 torch = lazy_import("torch")  # loaded at its first use
 

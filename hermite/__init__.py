@@ -3,6 +3,21 @@
 Paper: "Low-rank fine-tuning lies between lazy training and feature learning" (seed 004),
 Prop. 4 (population gradient), §3.1 (overlap dynamics), Theorems 11–13/16 (step sizes).
 
+The package in rooms, from the bottom up (a room imports only from rooms above it in this
+list; ``tests/test_layering.py`` checks it):
+
+- the root: the activations (:mod:`hermite.activations`, their numba twins in
+  :mod:`hermite.activations_numba`) and Gauss–Hermite quadrature;
+- :mod:`hermite.expansion`: an activation's Hermite coefficients μ_p(σ), dual kernels, h(m),
+  the population loss Φ(m) and their tables;
+- :mod:`hermite.flows`: the d → ∞ population flows — the overlap ODE (§3.1), the step-size
+  theorems (11–13, 16), the rank-r matrix ODE, the linearized (NTK) model;
+- :mod:`hermite.finite_d`: finite-d corrections — one-step noise moments, the noise-corrected
+  map, the LNA band, step-size and stability criteria;
+- :mod:`hermite.finetune`: the joint (û, ĉ) fine-tuning model — its population flow and
+  corrected flow, bands, the escape line, the finite-ξ ensemble;
+- :mod:`hermite.committee`: the committee machine's ODE, diffusion and first passages.
+
 The names below are imported on first use (PEP 562): ``import hermite.activations`` (or
 ``from hermite import get_activation``) loads that module alone, not numba's kernels.
 """
@@ -10,85 +25,67 @@ The names below are imported on first use (PEP 562): ``import hermite.activation
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 # name → the submodule that defines it
 _WHERE = {
-    "hermite_coefficients": "coefficients",
-    "parseval_residual": "coefficients",
-    "gaussian_second_moment": "coefficients",
-    "derivative_second_moment": "coefficients",
-    "dual_kernel": "kernels",
-    "dual_kernel_derivative": "kernels",
-    "kernel_interpolant": "kernels",
-    "h": "gradient",
-    "h0_sign": "gradient",
-    "H_METHODS": "gradient",
-    "HSeries": "series",
-    "h_direct": "series",
-    "truncation_bound": "series",
-    "HTable": "table",
-    "population_loss": "loss",
-    "population_loss_derivative": "loss",
-    "population_ode": "ode",
-    "ode_continuous": "ode",
-    "steps_to_reach": "ode",
-    "finetune_ode": "finetune_population",
-    "finetune_steps_to_reach": "finetune_population",
-    "finetune_ode_kind": "finetune_population",
-    "FinetuneModel": "finetune_population",
-    "FinetuneODE": "finetune_population",
-    "PairKernel": "finetune_population",
-    "Schedule": "theorems",
-    "population_lower_bound": "theorems",
-    "theorem11_schedule": "theorems",
-    "theorem12_schedule": "theorems",
-    "theorem13_schedule": "theorems",
-    "theorem16_schedule": "theorems",
-    "noise_moments": "noise",
-    "one_step_moments": "noise",
-    "NoiseMoments": "noise",
-    "OneStepMoments": "noise",
-    "drift_table": "corrected_ode",
-    "DriftTable": "corrected_ode",
-    "corrected_ode": "corrected_ode",
-    "corrected_mean": "corrected_ode",
-    "noise_floor": "corrected_ode",
-    "stationary_moments": "corrected_ode",
-    "corrected_steps_to_reach": "corrected_ode",
-    "theory_band": "lna",
-    "TheoryBand": "lna",
-    "initial_law": "lna",
-    "max_step_size": "stepsize",
-    "StepSizeReport": "stepsize",
-    "A_matrix": "rank",
-    "overlap_drift": "rank",
-    "population_loss_rank": "rank",
-    "matrix_ode": "rank",
-    "rank_correlations": "rank",
-    "RankConstants": "rank",
-    "singular_values": "rank",
-    "signed_smallest": "rank",
+    "hermite_coefficients": "expansion.coefficients",
+    "parseval_residual": "expansion.coefficients",
+    "gaussian_second_moment": "expansion.coefficients",
+    "derivative_second_moment": "expansion.coefficients",
+    "dual_kernel": "expansion.kernels",
+    "dual_kernel_derivative": "expansion.kernels",
+    "kernel_interpolant": "expansion.kernels",
+    "h": "expansion.gradient",
+    "h0_sign": "expansion.gradient",
+    "H_METHODS": "expansion.gradient",
+    "HSeries": "expansion.series",
+    "h_direct": "expansion.series",
+    "truncation_bound": "expansion.series",
+    "HTable": "expansion.table",
+    "population_loss": "expansion.loss",
+    "population_loss_derivative": "expansion.loss",
+    "population_ode": "flows.ode",
+    "ode_continuous": "flows.ode",
+    "steps_to_reach": "flows.ode",
+    "finetune_ode": "finetune.population",
+    "finetune_steps_to_reach": "finetune.population",
+    "finetune_ode_kind": "finetune.population",
+    "FinetuneModel": "finetune.population",
+    "FinetuneODE": "finetune.population",
+    "PairKernel": "finetune.population",
+    "Schedule": "flows.theorems",
+    "population_lower_bound": "flows.theorems",
+    "theorem11_schedule": "flows.theorems",
+    "theorem12_schedule": "flows.theorems",
+    "theorem13_schedule": "flows.theorems",
+    "theorem16_schedule": "flows.theorems",
+    "noise_moments": "finite_d.noise",
+    "one_step_moments": "finite_d.noise",
+    "NoiseMoments": "finite_d.noise",
+    "OneStepMoments": "finite_d.noise",
+    "drift_table": "finite_d.corrected_ode",
+    "DriftTable": "finite_d.corrected_ode",
+    "corrected_ode": "finite_d.corrected_ode",
+    "corrected_mean": "finite_d.corrected_ode",
+    "noise_floor": "finite_d.corrected_ode",
+    "stationary_moments": "finite_d.corrected_ode",
+    "corrected_steps_to_reach": "finite_d.corrected_ode",
+    "theory_band": "finite_d.lna",
+    "TheoryBand": "finite_d.lna",
+    "initial_law": "finite_d.lna",
+    "max_step_size": "finite_d.stepsize",
+    "StepSizeReport": "finite_d.stepsize",
+    "A_matrix": "flows.rank",
+    "overlap_drift": "flows.rank",
+    "population_loss_rank": "flows.rank",
+    "matrix_ode": "flows.rank",
+    "rank_correlations": "flows.rank",
+    "RankConstants": "flows.rank",
+    "singular_values": "flows.rank",
+    "signed_smallest": "flows.rank",
 }
 
 __all__ = list(_WHERE)
-
-
-
-class _Package(types.ModuleType):
-    """A function named like its own submodule (``corrected_ode``) stays the function after
-    the submodule is imported (the import system then sets the package attribute to the
-    module, which an eager ``from .x import x`` used to overwrite)."""
-
-    def __getattribute__(self, name: str):
-        value = super().__getattribute__(name)
-        if isinstance(value, types.ModuleType) and _WHERE.get(name) == name:
-            return getattr(value, name)
-        return value
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .activations import Activation, activation_from_callable, get_activation
+from hermite.activations import Activation, activation_from_callable, get_activation
 
 __all__ = ["resolve_activation"]
 

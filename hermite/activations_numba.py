@@ -34,7 +34,7 @@ def act_code(name: str) -> tuple[int, int] | None:
 def compiled_activation(activation) -> tuple[int, int, float] | None:
     """(code, p, a) of a registry activation σ(a·x) (or a torch activation whose ``theory``
     is one) for the compiled σ, σ′ here; None for a user's σ, also under a registry name."""
-    from .activations import get_activation
+    from hermite.activations import get_activation
 
     theory = getattr(activation, "theory", activation)
     base, scale = theory.base_and_scale

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from dynamics.config import RunConfig
+from dynamics.setup.config import RunConfig
 
 
 def joint_chain_runs(act, d, k, eta_d, runs=1024):
     """(steps, m (R, C), cos(ĉ, c) (R, C), instance, m₀) of exact-chain runs, no theory."""
     from dynamics.reduced.params import pack_instances
     from dynamics.reduced.simulate import _choose_backend, _initial_state, _run
-    from dynamics.trajectory import checkpoint_steps
+    from dynamics.runtime.trajectory import checkpoint_steps
 
     spec = dict(activation=act, k=k, d=d, xi=1.0, c="gaussian", c_hat="gaussian", seed=1)
     cfg = RunConfig(instance=spec, eta=eta_d / d, steps=int(6 * d / eta_d), runs=runs, seed=3,

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from helpers import TINY_SPEC_TOML
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one worker per core: one torch thread each,
-    import numba  # and one numba thread (the runs' blocks, dynamics.run_threads)
+    import numba  # and one numba thread (the runs' blocks, dynamics.runtime.run_threads)
 
     torch.set_num_threads(1)
     numba.set_num_threads(1)

@@ -66,7 +66,7 @@ def rank1_learner(cls, inst, runs: int, batch: int, *, project: bool, **kw):
     (⊥ span W when projected), ĉ₀ = ĉ + 0.2·N(0, I) (any ĉ, not unit), a batch of examples
     x (runs, batch, d); everything from seed 11 (projected û₀: stream 5)."""
     from dynamics.learners import Problem
-    from dynamics.sampling import uniform_perp_directions
+    from dynamics.randomness.sampling import uniform_perp_directions
 
     d, k = inst.d, inst.k
     problem = Problem.from_instances([inst] * runs, torch.device("cpu"), torch.float64)

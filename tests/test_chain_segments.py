@@ -2,7 +2,7 @@
 gives the numbers of one call, bit for bit, for every chain (rank-1 finetune on numba and on
 torch, glm, rank-r lora, the network chain of scratch / sparse with unit, free and wide rows,
 a committee teacher and diverging runs, the linearized chain); progress lines and signals come
-between segments (``dynamics.engine.drive_chain``)."""
+between segments (``dynamics.engines.engine.drive_chain``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from dynamics.config import RunConfig
-from dynamics.engine import Interruption, interruptible, simulate, start
+from dynamics.engines.engine import Interruption, interruptible, simulate, start
 from dynamics.reduced.segments import Pace, run_to_end
+from dynamics.setup.config import RunConfig
 
 BASE = {"activation": "relu", "k": 3, "d": 60, "xi": 1.0, "seed": 2}
 COMMITTEE = {"activation": "erf", "k": 2, "d": 80, "teacher": "committee", "seed": 3}
@@ -185,7 +185,7 @@ def cuda_segments_agree() -> dict:
     from dynamics.reduced.network_simulate import ChainStart, NetworkRun
     from dynamics.reduced.params import pack_instances
     from dynamics.reduced.simulate import RankOneRun, _initial_state
-    from dynamics.trajectory import checkpoint_steps
+    from dynamics.runtime.trajectory import checkpoint_steps
 
     def rank_one():
         cfg = RunConfig(instance={**BASE, "d": 40, "activation": "tanh", "u_alpha": 0.3},

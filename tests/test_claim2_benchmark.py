@@ -14,10 +14,10 @@ import pytest
 import scipy.integrate
 from test_claim2_theory import _scratch_start, _spec, _target_loss
 
-from dynamics.committee_overlay import ODE_EVALS, committee_state, plan_order
-from dynamics.config import RunConfig
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from dynamics.learners.directions import initial_directions
+from dynamics.overlays.committee import ODE_EVALS, committee_state, plan_order
+from dynamics.setup.config import RunConfig
 from hermite import h as h_exact
 from hermite.committee import ESCAPE_OVERLAP, committee_first_passage
 

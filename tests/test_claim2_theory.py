@@ -13,10 +13,10 @@ import scipy.integrate
 import scipy.optimize
 
 import hermite
-from dynamics.committee_overlay import committee_model, committee_state
-from dynamics.config import RunConfig
-from dynamics.engine import FullRun
-from dynamics.instance import build_instance
+from dynamics.engines.engine import FullRun
+from dynamics.instances.instance import build_instance
+from dynamics.overlays.committee import committee_model, committee_state
+from dynamics.setup.config import RunConfig
 from hermite.committee import (
     ESCAPE_OVERLAP,
     CommitteeState,

@@ -56,7 +56,7 @@ def test_run_records_corrected_ode_and_band(tmp_path):
     assert traj.ode_corrected.shape == traj.overlap.shape
     assert np.all(traj.band_lower <= traj.band_upper)
     assert "ode_corrected" in json.loads(res.output)
-    # joint ĉ: the corrected ODE of hermite.finetune_population and its joint band
+    # joint ĉ: the corrected ODE of hermite.finetune.population and its joint band
     res = CliRunner().invoke(cli, ["run", _spec(tmp_path), "--eta", "1e-3", "--steps", "100",
                                    "--runs", "2", "--joint-c", "--out", str(out),
                                    "--force"])  # replacing an existing file needs --force

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dynamics.instance import load_instance
+from dynamics.instances.instance import load_instance
 from hermite import h, hermite_coefficients, population_ode, truncation_bound
 from sims.cli import cli
 

@@ -41,7 +41,7 @@ def test_run_json(runner):
     assert set(data) == {"steps", "overlap_mean", "overlap_std", "ode", "ode_corrected",
                          "loss_kind", "loss_mean", "loss_std", "quantities", "audit"}
     assert data["steps"][0] == 0 and data["steps"][-1] == 300
-    # joint ĉ: the plain O(η) ODE of fine-tuning (hermite.finetune_population) and its
+    # joint ĉ: the plain O(η) ODE of fine-tuning (hermite.finetune.population) and its
     # finite-d corrected form, finite
     assert all(v is not None and math.isfinite(v) for v in data["ode"] + data["ode_corrected"])
     assert len(data["overlap_mean"]) == len(data["steps"])
@@ -59,7 +59,8 @@ def test_run_options_reach_the_config(runner):
     assert (cfg["project"], cfg["batch"], cfg["label_noise"], cfg["init"]) == (False, 2, 0.1,
                                                                               "aligned")
     assert cfg["xi_values"] == [0.5, 2.0] and cfg["instance_seeds"] == "per_run"
-    # unprojected: the exact loss from û's reduced coordinates (dynamics.losses.coordinate_loss)
+    # unprojected: the exact loss from û's reduced coordinates
+    # (dynamics.measures.losses.coordinate_loss)
     assert (info["dtype"], info["seed"], info["loss_kind"]) == ("float32", 4, "exact")
     assert cfg["eta_c"] == 0.01 and cfg["joint_c"] is True
 

@@ -14,10 +14,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import dynamics.committee_overlay as overlay
-from dynamics.committee_overlay import committee_model, committee_state, plan_diffusion
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+import dynamics.overlays.committee as overlay
+from dynamics.engines.engine import simulate
+from dynamics.overlays.committee import committee_model, committee_state, plan_diffusion
+from dynamics.setup.config import RunConfig
 from hermite.committee import CommitteeModel, CommitteeState, committee_ode
 from hermite.committee.diffusion import (
     _factor,

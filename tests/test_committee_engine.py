@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
+from dynamics.setup.config import RunConfig
 from sims.cli import cli
 from sims.io.trajectory import write_trajectory
 
@@ -130,7 +130,7 @@ def test_cli_noise_paths_integrates_the_diffusion(spec_file):
     """--noise-paths: the diffusion's mean over the paths from run 0's start (its loss at
     step 0 is the start's), with a standard error that grows from 0, and the same numbers
     as hermite.committee.diffusion called with the same seed."""
-    from dynamics.committee_overlay import committee_model, committee_state
+    from dynamics.overlays.committee import committee_model, committee_state
     from hermite.committee.diffusion import committee_diffusion
     from sims.commands.hermite import _committee_start
 

@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from helpers import assert_close
 
 from dynamics.activations import get_activation, torch_activation
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import FullRun, simulate
-from dynamics.instance import SpecError, build_instance
+from dynamics.engines.engine import FullRun, simulate
+from dynamics.instances.instance import SpecError, build_instance
 from dynamics.learners import Problem
-from dynamics.network_loss import network_loss_from_grams, network_loss_from_overlaps
+from dynamics.measures.network_loss import network_loss_from_grams, network_loss_from_overlaps
+from dynamics.setup.config import ConfigError, RunConfig
 from hermite.activations_numba import compiled_activation
 from hermite.committee import CommitteeModel, CommitteeState, committee_ode, scaled_erf
 from sims.cli import cli
@@ -340,7 +340,7 @@ def test_sgd_order_parameters_track_the_ode():
     """Free rows, erf(x/√2), K = M = 2, d = 500, η·d = 0.5, 32 runs to α = 5: the SGD mean of
     Q = ŴŴᵀ and R = ŴVᵀ minus each run's own ODE is within 4 standard errors, entry by entry
     at every checkpoint (the ODE integrated here, independently of the recorded overlay)."""
-    from dynamics.committee_overlay import committee_model, committee_state
+    from dynamics.overlays.committee import committee_model, committee_state
 
     d, runs = 500, 32
     cfg = _config(spec=committee_spec(d=d, k=2, activation=NN2PP_ERF, lam="ones"),
@@ -372,7 +372,7 @@ def test_nn2pp_mapping_is_exact():
     N, lr = 1000, 0.5
     inst = build_instance(committee_spec(d=N, k=2, activation=NN2PP_ERF, lam="ones",
                                          W="orthonormal"))
-    from dynamics.committee_overlay import committee_model
+    from dynamics.overlays.committee import committee_model
 
     ours = committee_model(inst, loss="squared", eta=lr / (2 * N), rows="free")
     theirs = CommitteeModel(scaled_erf(), np.eye(2), np.ones(2), lr=lr, loss_scale=0.5)
@@ -490,7 +490,7 @@ def test_example_nn2pp_spec_is_the_documented_setting(tmp_path):
 
     import h5py
 
-    from dynamics.instance import load_spec
+    from dynamics.instances.instance import load_spec
 
     path = Path(__file__).resolve().parents[1] / "examples" / "nn2pp_default.toml"
     spec = load_spec(path)

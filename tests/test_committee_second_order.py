@@ -11,15 +11,15 @@ import time
 import numpy as np
 import pytest
 
-import dynamics.committee_overlay as overlay
-from dynamics.committee_overlay import (
+import dynamics.overlays.committee as overlay
+from dynamics.engines.engine import simulate
+from dynamics.overlays.committee import (
     ODE_EVALS,
     SECOND_ORDER_BUDGET_S,
     drift_seconds,
     plan_order,
 )
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.setup.config import RunConfig
 from hermite.committee import (
     CommitteeIntegrals,
     CommitteeModel,

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from dynamics import sphere
 from dynamics.activations import torch_activation
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import simulate
-from dynamics.instance import SpecError, build_instance
+from dynamics.engines.engine import simulate
+from dynamics.geometry import sphere
+from dynamics.instances.instance import SpecError, build_instance
 from dynamics.learners import Finetune, Problem
-from dynamics.losses import monte_carlo_loss
-from dynamics.observables import reduced_coordinates
+from dynamics.measures.losses import monte_carlo_loss
+from dynamics.measures.observables import reduced_coordinates
+from dynamics.setup.config import ConfigError, RunConfig
 
 K, D, R, B = 5, 13, 3, 2
 F64 = torch.float64
@@ -101,7 +101,7 @@ def test_run_uses_the_exact_loss():
     traj = simulate(cfg)
     assert traj.loss_kind == "exact"  # the Gaussian pair kernel (relu: closed form)
     # the plain O(η) ODE of fine-tuning covers App. B's rows, and so does its finite-d
-    # correction (hermite.finetune_population.SecondMoment)
+    # correction (hermite.finetune.population.SecondMoment)
     assert np.isfinite(traj.ode).all() and np.isfinite(traj.ode_corrected).all()
     assert np.isfinite(traj.loss).all() and np.isfinite(traj.overlap).all()
     # the rank-1 chain reduces App. B's rows too (its step = the explicit step to 1e-12:
@@ -129,7 +129,7 @@ def test_cli_run_defaults_without_theory(tmp_path):
     theory-free defaults (η = ETA_C/d) instead of failing in the Hermite theory."""
     from click.testing import CliRunner
 
-    from dynamics.defaults import ETA_C
+    from dynamics.setup.defaults import ETA_C
     from sims.cli import cli
     from sims.io.trajectory import read_trajectory
 

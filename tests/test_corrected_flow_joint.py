@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import hermite
-from dynamics.config import RunConfig
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from dynamics.learners import Finetune, Problem
-from hermite.finetune_band import start_nodes
-from hermite.finetune_escape import folded_mean
-from hermite.finetune_population import FinetuneModel, SecondMoment
+from dynamics.setup.config import RunConfig
+from hermite.finetune.band import start_nodes
+from hermite.finetune.escape import folded_mean
+from hermite.finetune.population import FinetuneModel, SecondMoment
 from sims.experiments.figures.recipe import unit_row_instance
 
 F64 = torch.float64
@@ -28,7 +28,7 @@ def _chain(act, d, k, xi, eta_d, steps, runs, mu0=None, cps=11, seed=3):
     from the learner's initial law or, with ``mu0``, all from μ₀ (p = 0, the instance's ĉ)."""
     from dynamics.reduced.params import pack_instances
     from dynamics.reduced.simulate import _choose_backend, _initial_state, _run
-    from dynamics.trajectory import checkpoint_steps
+    from dynamics.runtime.trajectory import checkpoint_steps
 
     cfg = RunConfig(instance=unit_row_instance(act, d, k, xi), eta=eta_d / d, steps=steps,
                     runs=runs, seed=seed, checkpoints=cps, spacing="linear", engine="reduced",
@@ -159,7 +159,7 @@ def test_corrected_line_converges_in_the_flow_step():
     """The escape line (E2) at ``FLOW_STEP`` is within 1e-3 of the same line at a quarter of
     the step (η·d = 1, joint ĉ, unprojected; measured 4e-4): its kick response Φ is the
     smooth part's (the base runs' E‖Ḡ_T‖² shared with the kicked ones)."""
-    import hermite.finetune_population as fp
+    import hermite.finetune.population as fp
 
     spec = dict(activation="relu", k=4, d=400, xi=1.3, W="separated", c="gaussian",
                 c_hat="gaussian", lam="random_sign", u_alpha=0.5, seed=2)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers import assert_close, assert_sample_loss_is, rank1_learner
 
-from dynamics import sphere
 from dynamics.activations import torch_activation
-from dynamics.instance import build_instance
+from dynamics.geometry import sphere
+from dynamics.instances.instance import build_instance
 from dynamics.learners import Finetune
 
 ACTIVATIONS = ("relu", "abs", "sigmoid", "tanh", "erf", "quadratic", "linear", "he3")

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from dynamics import chunking, engine, learners, sampling
-from dynamics import config as config_mod
-from dynamics.config import RunConfig
-from dynamics.engine import FullRun, chunk_schedule, simulate
+from dynamics import learners
+from dynamics.engines import engine
+from dynamics.engines.engine import FullRun, chunk_schedule, simulate
+from dynamics.randomness import chunking, sampling
+from dynamics.setup import config as config_mod
+from dynamics.setup.config import RunConfig
 
 
 def _config(**kw) -> RunConfig:
@@ -175,8 +177,8 @@ def test_loss_kinds_and_theory_availability():
 
 
 def test_monte_carlo_loss_agrees_with_exact_loss_when_both_apply():
-    from dynamics.losses import exact_loss, monte_carlo_loss
-    from dynamics.observables import reduced_coordinates
+    from dynamics.measures.losses import exact_loss, monte_carlo_loss
+    from dynamics.measures.observables import reduced_coordinates
 
     run = FullRun(_config(runs=3))
     coords = reduced_coordinates(run.state.u_hat, 3)[:, None, :]

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import hermite
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
-from dynamics.instance import build_instance
+from dynamics.engines.engine import simulate
+from dynamics.instances.instance import build_instance
 from dynamics.learners import Finetune, Problem
+from dynamics.setup.config import RunConfig
 
 F64 = torch.float64
 
@@ -97,7 +97,7 @@ def test_mean_overlap_follows_population_ode():
 
 @pytest.mark.parametrize("activation", ["relu", "tanh", "he3"])
 def test_batched_loss_with_c_hat_matches_hermite(activation):
-    from dynamics.losses import loss_with_c_hat
+    from dynamics.measures.losses import loss_with_c_hat
 
     inst = build_instance({"activation": activation, "k": 4, "d": 30, "xi": 1.3, "seed": 2,
                            "W": "separated", "u_alpha": 0.3})

@@ -14,10 +14,9 @@ import dynamics.learners.finetune as finetune_module
 import dynamics.reduced.simulate as reduced_module
 import hermite
 from dynamics.activations import activation_from_callable
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
-from dynamics.instance import build_instance
-from dynamics.losses import (
+from dynamics.engines.engine import simulate
+from dynamics.instances.instance import build_instance
+from dynamics.measures.losses import (
     LOSS_EXACT,
     LOSS_MONTE_CARLO,
     coordinate_loss,
@@ -26,6 +25,7 @@ from dynamics.losses import (
     needs_coordinates,
     pair_kernel,
 )
+from dynamics.setup.config import RunConfig
 
 K, D = 4, 40
 SAMPLES, BLOCK = 480_000, 60_000

@@ -21,8 +21,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import hermite  # noqa: E402
-from dynamics.instance import build_instance  # noqa: E402
-from dynamics.trajectory import Trajectory  # noqa: E402
+from dynamics.instances.instance import build_instance  # noqa: E402
+from dynamics.runtime.trajectory import Trajectory  # noqa: E402
 from sims.experiments.figures import FIGURES, fig6  # noqa: E402
 from sims.experiments.figures.recipe import Panel  # noqa: E402
 from sims.experiments.reproduce import render, reproduce  # noqa: E402

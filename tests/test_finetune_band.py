@@ -1,4 +1,4 @@
-"""The linear-noise band of fine-tuning with ĉ trained jointly (hermite.finetune_band): the
+"""The linear-noise band of fine-tuning with ĉ trained jointly (hermite.finetune.band): the
 step's moments against closed forms and an explicit R^d step under autograd, the band against
 1024 runs of the exact chain, and its records beside a run."""
 
@@ -12,11 +12,11 @@ import torch
 from chain_runs import joint_chain_runs
 
 from dynamics.activations import torch_activation
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
-from dynamics.instance import build_instance
-from hermite.finetune_band import StepMoments, joint_band, joint_band_applies
-from hermite.finetune_population import FinetuneModel, SecondMoment
+from dynamics.engines.engine import simulate
+from dynamics.instances.instance import build_instance
+from dynamics.setup.config import RunConfig
+from hermite.finetune.band import StepMoments, joint_band, joint_band_applies
+from hermite.finetune.population import FinetuneModel, SecondMoment
 
 SPEC = dict(k=3, xi=1.0, c="gaussian", c_hat="gaussian", u_alpha=0.4, seed=2)
 
@@ -168,7 +168,7 @@ def test_band_where_not_derived_is_a_one_line_error():
 def test_band_over_its_budget_is_skipped_with_a_note():
     """Each group of runs (distinct instance) pays ≈ 0.01 s of Python per RK4 step: 64
     per-run instances over 300 steps at η·d = 1 (38 RK4 steps each) are over 20 s."""
-    from dynamics.theory_overlay import _joint_band_plan
+    from dynamics.overlays.finetune import _joint_band_plan
 
     spec = dict(activation="relu", k=8, d=200, xi=1.0, seed=3)
     cfg = RunConfig(instance=spec, eta=1.0 / 200, steps=300, runs=64, joint_c=True,

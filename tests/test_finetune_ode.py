@@ -1,5 +1,5 @@
 """The population ODE of fine-tuning in every regime (issue 25, items 1–3;
-``hermite.finetune_population``): the pair kernel against 2-D quadrature, the exact loss's
+``hermite.finetune.population``): the pair kernel against 2-D quadrature, the exact loss's
 analytic gradient against autograd and finite differences, the drift against Monte Carlo of
 the learner's sample step, the ODE against the mean of the exact chain, the records beside
 every run, the command line, the figure, and one-line errors where no ODE is derived."""
@@ -15,13 +15,13 @@ import torch
 from click.testing import CliRunner
 
 import hermite
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
-from dynamics.instance import build_instance
+from dynamics.engines.engine import simulate
+from dynamics.instances.instance import build_instance
 from dynamics.learners import Finetune, Problem
-from hermite._pair_quadrature import pair_expectation
+from dynamics.setup.config import RunConfig
 from hermite.activations import activation_from_callable, get_activation
-from hermite.finetune_population import FinetuneModel, PairKernel, SecondMoment
+from hermite.expansion._pair_quadrature import pair_expectation
+from hermite.finetune.population import FinetuneModel, PairKernel, SecondMoment
 from sims.cli import cli
 
 K = 4
@@ -270,7 +270,8 @@ def test_second_moment_against_monte_carlo():
 
 @pytest.mark.parametrize("act,conv", CASES)
 def test_compiled_second_moment_equals_numpy(act, conv):
-    """The compiled QMC average (hermite._second_moment_numba) is the numpy one to rounding,
+    """The compiled QMC average (hermite.finetune._second_moment_numba) is the numpy one to
+    rounding,
     projected and not, with label noise, for every σ with a numba code."""
     inst = _instance(act, conv, d=40)
     for project in (True, False):
@@ -286,7 +287,7 @@ def test_compiled_second_moment_equals_numpy(act, conv):
 def test_corrected_flow_converges_in_its_step():
     """The corrected ODE's RK4 (coefficient held at the predicted midpoint) at FLOW_STEP is
     within 2e-4 of the same flow at a quarter of the step (η·d = 1, joint ĉ, unprojected)."""
-    import hermite.finetune_population as fp
+    import hermite.finetune.population as fp
 
     inst = _instance("relu", "unit", d=400)
     eta = 1.0 / inst.d
@@ -314,7 +315,7 @@ def test_stiff_corrected_flow_is_stable_and_matches_an_implicit_integrator(monke
     import scipy.integrate
     import scipy.sparse
 
-    import hermite.finetune_population as fp
+    import hermite.finetune.population as fp
     from sims.experiments.figures.recipe import unit_row_instance
 
     k, d = 30, 40
@@ -391,7 +392,7 @@ def test_corrected_ode_is_within_001_of_1024_joint_runs_at_eta_d_1():
     ``test_every_finetune_run_records_the_ode_from_its_start``."""
     from chain_runs import joint_chain_runs
 
-    from hermite.finetune_band import start_nodes
+    from hermite.finetune.band import start_nodes
 
     steps, m, cos, inst, m0, eta = joint_chain_runs("relu", 2000, 8, 1.0)
     mu, ch = start_nodes(m0 / inst.u_perp, inst.c_hat, 16)
@@ -436,7 +437,7 @@ def test_every_finetune_run_records_the_ode_from_its_start(kw):
 
 
 def test_corrected_ode_over_its_budget_is_not_recorded_and_says_so(monkeypatch, capsys):
-    import dynamics.theory_overlay as overlay
+    import dynamics.overlays.finetune as overlay
 
     spec = dict(activation="relu", k=K, d=60, xi=1.0, c="gaussian", c_hat="gaussian", seed=1)
     cfg = RunConfig(instance=spec, eta=0.002, steps=400, runs=4, seed=3, checkpoints=6,
@@ -454,7 +455,7 @@ def test_corrected_cost_estimate_follows_k_and_the_kernel():
     """The estimate grows faster than k and with a kernel without a closed form, so Fig. 4's
     App. B setting (sigmoid, k = 50, unprojected, 16 runs, η·d = 0.03, 500·d steps: measured
     ≈ 1.3e-3 s per run, RK4 step and row, ≈ 6 min) is over the budget and skipped."""
-    import dynamics.theory_overlay as overlay
+    import dynamics.overlays.finetune as overlay
 
     def est(act, k, conv="unit", runs=16):
         spec = dict(activation=act, k=k, d=1000, xi=1.0, seed=1, convention=conv)
@@ -572,7 +573,7 @@ def test_block_sparsity_is_scipys_block_diagonal():
 
     import scipy.sparse
 
-    from hermite.finetune_population import _block_sparsity
+    from hermite.finetune.population import _block_sparsity
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -585,7 +586,7 @@ def test_corrected_ode_over_its_budget_is_drawn_from_fewer_starts_and_says_so(mo
     """Issue 40.4: where the corrected line of every run is over the budget but one run's is
     not, it is computed from as many runs as fit, spread over their starts, equal there to
     the line of an unbudgeted run, NaN elsewhere, with a ``partial`` attribute (legend)."""
-    import dynamics.theory_overlay as overlay
+    import dynamics.overlays.finetune as overlay
 
     spec = dict(activation="relu", k=K, d=60, xi=1.0, c="gaussian", c_hat="gaussian", seed=1)
     cfg = RunConfig(instance=spec, eta=0.002, steps=400, runs=8, seed=3, checkpoints=6,
@@ -608,7 +609,7 @@ def test_corrected_ode_over_its_budget_is_drawn_from_fewer_starts_and_says_so(mo
 
 
 def test_budget_starts_spreads_over_the_starts():
-    from dynamics.theory_overlay import budget_starts
+    from dynamics.overlays.finetune import budget_starts
 
     mu0 = np.array([0.5, -0.2, 0.1, 0.9, -0.7])
     assert budget_starts(mu0, 0).sum() == 0 and budget_starts(mu0, 9).all()

@@ -11,19 +11,19 @@ import math
 import numpy as np
 import pytest
 
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from hermite import h as h_exact
 from hermite import population_ode
-from hermite.corrected_ode import (
+from hermite.finite_d.corrected_ode import (
     corrected_ode,
     corrected_steps_to_reach,
     drift_table,
     noise_floor,
     stationary_moments,
 )
-from hermite.lna import initial_law, theory_band
-from hermite.noise import chi2_rule, h_tilde, noise_moments, one_step_moments
-from hermite.stepsize import max_step_size
+from hermite.finite_d.lna import initial_law, theory_band
+from hermite.finite_d.noise import chi2_rule, h_tilde, noise_moments, one_step_moments
+from hermite.finite_d.stepsize import max_step_size
 
 SMALL = 2**16  # 8 scrambled Sobol′ replicates of 2^13 points
 RELU_TEACHER = dict(activation="relu", k=5, d=200, xi=1.0, c_hat="teacher", seed=0)
@@ -210,7 +210,8 @@ def test_corrected_maps_switch_to_their_flow_on_long_horizons(teacher_inst, monk
     O(η) of the step-by-step maps (mean, closure and band)."""
     import importlib
 
-    cmod = importlib.import_module("hermite.corrected_ode")  # the package re-exports the name
+    # the package re-exports the name
+    cmod = importlib.import_module("hermite.finite_d.corrected_ode")
     eta = 2e-5
     tab = drift_table(teacher_inst, eta, 200, grid=65, samples=SMALL)
     m0 = np.array([0.05, 0.2, -0.1])

@@ -11,12 +11,17 @@ import math
 import numpy as np
 import pytest
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
-from dynamics.instance import build_instance
+from dynamics.engines.engine import simulate
+from dynamics.instances.instance import build_instance
+from dynamics.setup.config import RunConfig
 from hermite import population_ode
-from hermite.corrected_ode import corrected_mean, drift_table, noise_floor, stationary_moments
-from hermite.lna import theory_band
+from hermite.finite_d.corrected_ode import (
+    corrected_mean,
+    drift_table,
+    noise_floor,
+    stationary_moments,
+)
+from hermite.finite_d.lna import theory_band
 
 pytestmark = pytest.mark.slow
 

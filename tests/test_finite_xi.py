@@ -1,4 +1,5 @@
-"""hermite.finite_xi (docs/theory/finite-xi.md): the sample increments behind the step noise
+"""hermite.finetune.finite_xi (docs/theory/finite-xi.md): the sample increments behind the step
+noise
 V average to the analytic drift (Price's theorem, an independent derivation), and the
 closure flow with its fluctuation terms off is the population ODE (BDF)."""
 
@@ -9,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from dynamics.instance import build_instance
-from hermite.finetune_population import FinetuneModel, finetune_ode
-from hermite.finite_xi import StepNoise, finite_xi_flow
+from dynamics.instances.instance import build_instance
+from hermite.finetune.finite_xi import StepNoise, finite_xi_flow
+from hermite.finetune.population import FinetuneModel, finetune_ode
 
 
 def _instance(act, xi, k=4, d=100, u_alpha=0.3):
@@ -55,10 +56,10 @@ def test_flow_without_fluctuations_is_the_population_ode():
 def _chain(d, k, xi, eta_d, steps, runs, checkpoints):
     """(checkpoint steps, m (R, C), μ₀ (R,), ĉ₀ (R, k), instance, η) of exact-chain runs of
     He₃, joint ĉ, unprojected û (the cell of Figs 1b/6), started as the learner starts."""
-    from dynamics.config import RunConfig
     from dynamics.reduced.params import pack_instances
     from dynamics.reduced.simulate import _choose_backend, _initial_state, _run
-    from dynamics.trajectory import checkpoint_steps
+    from dynamics.runtime.trajectory import checkpoint_steps
+    from dynamics.setup.config import RunConfig
 
     spec = dict(activation="he3", k=k, d=d, xi=float(xi), W="separated", c="gaussian",
                 c_hat="gaussian", seed=0)
@@ -83,8 +84,8 @@ def test_ensemble_follows_the_chain_where_the_ode_does_not():
     ODE is up to 0.094 off). Both lines
     are taken at 16 equal-probability quantile nodes of the runs' μ₀ (p₀ = 0 and ĉ₀ are
     common to all runs), 8 paths per node."""
-    from hermite.finetune_band import start_nodes
-    from hermite.finite_xi import finite_xi_ensemble
+    from hermite.finetune.band import start_nodes
+    from hermite.finetune.finite_xi import finite_xi_ensemble
 
     d, k = 100, 4
     steps, m, mu0, c0, inst, eta = _chain(d, k, 10.0, 5e-4, 1400 * d, 256, 8)

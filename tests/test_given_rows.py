@@ -17,11 +17,11 @@ import pytest
 from click.testing import CliRunner
 
 from dynamics.activations import get_activation
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import simulate
-from dynamics.instance import build_instance
+from dynamics.engines.engine import simulate
+from dynamics.instances.instance import build_instance
 from dynamics.learners.given_rows import canonical_rows, given_rows
-from dynamics.network_loss import network_loss_from_overlaps
+from dynamics.measures.network_loss import network_loss_from_overlaps
+from dynamics.setup.config import ConfigError, RunConfig
 from sims.cli import cli
 from sims.experiments.sweep_spec import cell_hash
 
@@ -314,7 +314,7 @@ def test_float32_run_started_at_its_teacher_keeps_its_ode(tmp_path, rows):
 
 
 def test_rounding_repair_is_small_and_only_for_rounding():
-    from dynamics.committee_overlay import rounding_repaired
+    from dynamics.overlays.committee import rounding_repaired
     from hermite.committee import CommitteeState
 
     gen = np.random.default_rng(0)
@@ -366,7 +366,7 @@ def test_sweep_reads_init_rows_next_to_the_sweep_file(tmp_path, monkeypatch):
 def test_memory_estimate_counts_the_rows_file_and_its_width(tmp_path):
     """The budget (checked before allocation) takes k′ from the file and counts its array:
     the same as --width k′ plus the file's bytes."""
-    from dynamics.budget import estimate
+    from dynamics.engines.budget import estimate
 
     spec, _ = _explicit_spec(k=2, d=24)
     path = _save(tmp_path, "r.npy", np.ones((3, 6, 24)))

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from hermite import HSeries, h, h0_sign, hermite_coefficients, truncation_bound
 
 M = np.linspace(-1.0, 1.0, 41)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from hermite import h, population_loss, population_loss_derivative
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from hermite import h, population_loss
 
 N_SAMPLES = 1_000_000

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from hermite import HTable, h, ode_continuous, population_ode, steps_to_reach
 
 
@@ -125,7 +125,7 @@ def test_ode_argument_errors():
 def test_long_horizons_integrate_the_flow_in_rk4_blocks(monkeypatch):
     """Beyond MAP_STEPS_MAX steps the map is replaced by RK4 blocks of its flow: equal to the
     exact flow (DOP853) to RK4 accuracy and to the step-by-step map up to O(η)."""
-    import hermite.ode as ode_mod
+    import hermite.flows.ode as ode_mod
 
     inst = _inst(activation="tanh", k=6, xi=1.5, seed=2)
     m0 = np.array([0.05, -0.3, 0.001])

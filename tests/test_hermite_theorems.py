@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from hermite import (
     h,
     population_lower_bound,

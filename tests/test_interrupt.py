@@ -5,7 +5,7 @@ segment end (issue 38.2); an interrupted sweep keeps its finished cells and prin
 command that resumes it.
 
 The subprocess tests send real signals at a known point through the engine's test hook
-(``LORADYN_TEST_INTERRUPT_AFTER_CHUNKS``, :mod:`dynamics.engine`), so they do not depend on
+(``LORADYN_TEST_INTERRUPT_AFTER_CHUNKS``, :mod:`dynamics.engines.engine`), so they do not depend on
 the machine's load; one sweep test signals from outside once a cell file exists.
 """
 
@@ -25,14 +25,14 @@ import pytest
 from click.testing import CliRunner
 from helpers import sweep_toml
 
-from dynamics.config import RunConfig
-from dynamics.engine import (
+from dynamics.engines.engine import (
     TEST_INTERRUPT_ENV,
     FullRun,
     Interrupted,
     interruptible,
 )
-from dynamics.trajectory import checkpoint_steps
+from dynamics.runtime.trajectory import checkpoint_steps
+from dynamics.setup.config import RunConfig
 from sims.cli import cli
 from sims.commands.sweep import resume_command
 from sims.io.sweep import cell_dir, finished_cells, read_sweep
@@ -115,7 +115,7 @@ def _compile_reduced_kernel_here():
     them, ~1 s) and writes their on-disk cache, so the subprocess loads them instead of
     compiling them cold (~45 s of CPU after any edit of dynamics/reduced/, which drops that
     cache; the worker compiles them for its other reduced-engine tests anyway)."""
-    from dynamics.engine import simulate
+    from dynamics.engines.engine import simulate
 
     instance = {"activation": "relu", "k": 3, "d": 20, "xi": 1.0, "seed": 9}
     simulate(RunConfig(instance=instance, engine="reduced", runs=3, eta=0.002, steps=20,
@@ -232,7 +232,7 @@ def test_a_signal_a_callback_swallows_is_raised_again_at_the_next_safe_point():
     import gc
     import weakref
 
-    from dynamics.engine import Interrupted, interruptible, raise_if_signalled
+    from dynamics.engines.engine import Interrupted, interruptible, raise_if_signalled
 
     class Thing:
         pass

@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
+from dynamics.setup.config import RunConfig
 from sims.io import trajectory as io
 
 

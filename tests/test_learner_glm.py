@@ -14,12 +14,12 @@ from scipy.stats import beta, ks_2samp, kstest
 
 import hermite
 from dynamics.activations import torch_activation
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import simulate, simulate_full
-from dynamics.instance import build_instance
+from dynamics.engines.engine import simulate, simulate_full
+from dynamics.instances.instance import build_instance
 from dynamics.learners import Problem
 from dynamics.learners.glm import GLM, glm_drift, glm_loss, glm_ode
 from dynamics.reduced import first_passage_reduced, glm_chain, reduced_supported, simulate_reduced
+from dynamics.setup.config import ConfigError, RunConfig
 from sims.experiments.scaling import parse_scaling
 from sims.experiments.sweep_spec import resolve_config
 

@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dynamics import budget, instance
-from dynamics.config import RunConfig
+from dynamics.engines import budget
 from dynamics.errors import ConfigError
+from dynamics.instances import instance
 from dynamics.learners import LEARNERS, get_learner
 from dynamics.learners.base import FAMILIES, Learner, Memory
 from dynamics.learners.registry import default_learner, learner_classes
 from dynamics.reduced import reduced_supported
+from dynamics.setup.config import RunConfig
 from sims.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +186,7 @@ def test_loradyn_run_builds_each_instance_once_and_validates_once(tmp_path, monk
 
 
 def test_the_trajectory_carries_its_instances():
-    from dynamics.engine import simulate
+    from dynamics.engines.engine import simulate
 
     config = RunConfig(dict(activation="relu", k=3, d=20, xi=1.0), runs=3, steps=20,
                        checkpoints=3, xi_values=[0.5, 1.0, 2.0])

@@ -14,9 +14,8 @@ from helpers import assert_close, rank1_learner
 
 import hermite
 from dynamics.activations import torch_activation
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import FullRun, simulate
-from dynamics.instance import build_instance
+from dynamics.engines.engine import FullRun, simulate
+from dynamics.instances.instance import build_instance
 from dynamics.learners import Problem
 from dynamics.learners.linearized import (
     Linearized,
@@ -25,6 +24,7 @@ from dynamics.learners.linearized import (
     reduce_rows,
     true_loss,
 )
+from dynamics.setup.config import ConfigError, RunConfig
 
 K, D, R, B = 4, 11, 3, 2
 F64 = torch.float64
@@ -298,7 +298,7 @@ def test_rank1_true_loss_is_the_population_loss():
             ref = hermite.population_loss(inst, np.array([traj.overlap[r, j]]),
                                           c_hat=c_hats[r, j])
             assert traj.loss[r, j] == pytest.approx(float(ref[0]), rel=1e-10)
-    # the rank-1 mean-drift ODE (hermite.linearized) from each run's start
+    # the rank-1 mean-drift ODE (hermite.flows.linearized) from each run's start
     assert traj.c_overlap is not None and np.isfinite(traj.ode).all()
 
 

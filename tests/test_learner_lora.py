@@ -9,14 +9,14 @@ import torch
 from helpers import assert_close, assert_sample_loss_is
 
 import hermite
-from dynamics import stiefel
 from dynamics.activations import torch_activation
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import FullRun, simulate
-from dynamics.instance import build_instance
+from dynamics.engines.engine import FullRun, simulate
+from dynamics.geometry import stiefel
+from dynamics.instances.instance import build_instance
+from dynamics.instances.lora_instance import build_lora_instance
 from dynamics.learners import Problem
 from dynamics.learners.lora import LoRA
-from dynamics.lora_instance import build_lora_instance
+from dynamics.setup.config import ConfigError, RunConfig
 
 F64 = torch.float64
 K, D, R, B = 4, 13, 2, 3
@@ -192,8 +192,8 @@ def test_rank_one_reproduces_finetune(project, joint):
 
 
 def test_unprojected_exact_loss_matches_finetune_exact_loss():
-    """Unprojected, r = 1: the rank-r exact loss (hermite.rank) against finetune's, computed
-    independently from its reduced coordinates (hermite.finetune_population)."""
+    """Unprojected, r = 1: the rank-r exact loss (hermite.flows.rank) against finetune's, computed
+    independently from its reduced coordinates (hermite.finetune.population)."""
     ours = simulate(_config("lora", project=False, steps=300, checkpoints=4))
     ref = simulate(_config("finetune", project=False, steps=300, checkpoints=4))
     assert ours.loss_kind == "exact" and ref.loss_kind == "exact"
@@ -302,7 +302,7 @@ def test_a_non_finite_run_is_reported_and_isolated():
 def test_rank_keys_may_not_be_given_twice():
     from types import SimpleNamespace
 
-    from dynamics.lora_instance import lora_options
+    from dynamics.instances.lora_instance import lora_options
 
     cfg = SimpleNamespace(instance={"C": "quantized"}, extra={"C": "gaussian"})
     with pytest.raises(ConfigError, match="both"):
@@ -328,8 +328,8 @@ def test_bad_configs_raise_config_error(kw, match):
 def test_aligned_c_overlap_is_gauge_aligned():
     """extra["aligned_c_overlap"] = ⟨ĈQᵀ, C⟩/(‖Ĉ‖‖C‖) with Q the polar factor of M: at r = 1
     it is ⟨ĉ,c⟩·sign(m) (c_overlap·sign overlap)."""
-    from dynamics.config import RunConfig
-    from dynamics.engine import simulate
+    from dynamics.engines.engine import simulate
+    from dynamics.setup.config import RunConfig
 
     spec = {"activation": "relu", "k": 4, "d": 30, "xi": 1.0, "c": "gaussian",
             "c_hat": "gaussian", "seed": 2}
@@ -343,7 +343,7 @@ def test_aligned_c_overlap_is_gauge_aligned():
     m = tr2.extra["overlap_matrix"]
     p_, _, vt = np.linalg.svd(m)
     ch = tr2.extra["c_hat"]
-    from dynamics.lora_instance import run_lora_instances
+    from dynamics.instances.lora_instance import run_lora_instances
 
     c = run_lora_instances(RunConfig(instance=spec | {"C": "gaussian"}, learner="lora",
                                      rank=2, eta=0.01, steps=1, runs=3))[0].C

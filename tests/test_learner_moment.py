@@ -11,12 +11,12 @@ import torch
 from helpers import dense_rows
 
 import hermite
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import FullRun, chunk_schedule, simulate
-from dynamics.instance import build_instance
+from dynamics.engines.engine import FullRun, chunk_schedule, simulate
+from dynamics.instances.instance import build_instance
 from dynamics.learners import Problem
 from dynamics.learners.moment import Moment
-from dynamics.sampling import NoiseSource
+from dynamics.randomness.sampling import NoiseSource
+from dynamics.setup.config import ConfigError, RunConfig
 
 F64 = torch.float64
 CPU = torch.device("cpu")

@@ -8,14 +8,14 @@ import pytest
 import torch
 from helpers import assert_close
 
-from dynamics import sphere
 from dynamics.activations import torch_activation
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import FullRun, simulate
-from dynamics.instance import build_instance
+from dynamics.engines.engine import FullRun, simulate
+from dynamics.geometry import sphere
+from dynamics.instances.instance import build_instance
 from dynamics.learners import Problem, get_learner
 from dynamics.learners.network import Scratch, ScratchCSQ, Sparse, exact_loss, sparse_selection
-from dynamics.network_loss import network_loss, teacher_rows
+from dynamics.measures.network_loss import network_loss, teacher_rows
+from dynamics.setup.config import ConfigError, RunConfig
 
 F64 = torch.float64
 K, D, R = 3, 13, 2

@@ -17,11 +17,11 @@ import torch
 from scipy import stats
 
 from dynamics.activations import activation_from_callable, torch_activation
-from dynamics.config import ConfigError, RunConfig
-from dynamics.counter_stream import fill_normals
-from dynamics.engine import FullRun
+from dynamics.engines.engine import FullRun
 from dynamics.learners.base import Learner
-from dynamics.sampling import NoiseSource, counter_keys
+from dynamics.randomness.counter_stream import fill_normals
+from dynamics.randomness.sampling import NoiseSource, counter_keys
+from dynamics.setup.config import ConfigError, RunConfig
 from hermite.activations_numba import compiled_activation
 
 SPEC = {"activation": "tanh", "k": 3, "d": 40, "xi": 1.3, "W": "separated", "c": "gaussian",

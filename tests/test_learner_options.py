@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dynamics.config import LEARNERS, ConfigError, ForeignOptionError, RunConfig
 from dynamics.learners import get_learner
 from dynamics.learners.options import all_options, option_specs
+from dynamics.setup.config import LEARNERS, ConfigError, ForeignOptionError, RunConfig
 from sims.cli import cli
 from sims.commands.learner_flags import flag_name
 from sims.commands.run import run as run_command

@@ -21,7 +21,7 @@ R = 3 runs), has the same five properties:
 4. a run is reproducible from its seed: the same config twice gives identical arrays, another
    seed different ones;
 5. its declared memory bounds what it holds: ``memory(config, d, k)`` ≥ the state, records
-   and prepared numbers per run, and ``dynamics.budget.estimate`` ≥ the bytes of the state
+   and prepared numbers per run, and ``dynamics.engines.budget.estimate`` ≥ the bytes of the state
    (twice: the engine's chunk snapshot).
 
 Item 1 runs over a grid (every variant × activations × instance shapes); items 2–5 over the
@@ -40,13 +40,13 @@ import pytest
 import torch
 from helpers import assert_close, dense_rows
 
-from dynamics import sphere, stiefel
-from dynamics.budget import estimate
-from dynamics.chunking import MAX_CHUNK_STEPS
-from dynamics.config import RunConfig
-from dynamics.engine import FullRun
+from dynamics.engines.budget import estimate
+from dynamics.engines.engine import FullRun
+from dynamics.geometry import sphere, stiefel
 from dynamics.learners import Problem, get_learner
 from dynamics.learners.registry import LEARNERS
+from dynamics.randomness.chunking import MAX_CHUNK_STEPS
+from dynamics.setup.config import RunConfig
 
 F64 = torch.float64
 CPU = torch.device("cpu")

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
+from dynamics.engines.resolve import resolve_run
 from dynamics.learners.linearized import LinearizedFullRank, top_overlap
 from dynamics.learners.problem import Problem
 from dynamics.reduced import linear_chain as lc
 from dynamics.reduced import reduced_supported
-from dynamics.resolve import resolve_run
+from dynamics.setup.config import ConfigError, RunConfig
 from hermite.activations_numba import compiled_activation
 
 SPEC = {"activation": "relu", "k": 2, "xi": 1.0, "seed": 3}

@@ -1,5 +1,5 @@
 """The linearized learner's exact theory beside its runs (issue 25, item 4): the recorded
-mean ODE and floors are those of :mod:`hermite.linearized` for each run's start, they are
+mean ODE and floors are those of :mod:`hermite.flows.linearized` for each run's start, they are
 labelled, the full-rank mean ODE tracks the SGD mean, and ``loradyn plot`` draws them."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
-from hermite.linearized import linear_model_floor, linear_model_ode, linear_model_rank1_ode
+from dynamics.engines.engine import simulate
+from dynamics.setup.config import RunConfig
+from hermite.flows.linearized import linear_model_floor, linear_model_ode, linear_model_rank1_ode
 
 SPEC = dict(activation="relu", k=2, d=40, xi=1.4, seed=3)
 
@@ -44,10 +44,10 @@ def test_rank_one_records_the_mean_drift_ode_from_each_start():
     inst = traj.instances[0]
     runs = [0, 7]
     coords = None  # the ODE starts from each run's own û₀ (its reduced coordinates)
-    from dynamics.engine import FullRun
+    from dynamics.engines.engine import FullRun
 
     run = FullRun(config)
-    from dynamics.observables import reduced_coordinates
+    from dynamics.measures.observables import reduced_coordinates
 
     coords = reduced_coordinates(run.state.u_hat, inst.k)[runs]
     ode = linear_model_rank1_ode(inst, coords, config.eta, traj.steps, c0=inst.c_hat,

@@ -1,4 +1,4 @@
-"""Exact theory of the linearized learner (hermite/linearized.py, docs/theory/linearized.md):
+"""Exact theory of the linearized learner (hermite/flows/linearized.py, docs/theory/linearized.md):
 the quadratic form against Monte Carlo and autograd, the full-rank mean ODE and the rank-1
 drift against the learner, the floor against the learner's long-run loss."""
 
@@ -14,13 +14,13 @@ import torch
 
 import hermite
 from dynamics.activations import torch_activation
-from dynamics.config import RunConfig
-from dynamics.engine import FullRun
-from dynamics.instance import build_instance
+from dynamics.engines.engine import FullRun
+from dynamics.instances.instance import build_instance
 from dynamics.learners import Problem
 from dynamics.learners.linearized import Linearized, true_loss
+from dynamics.setup.config import RunConfig
 from hermite.activations import activation_from_callable
-from hermite.linearized import (
+from hermite.flows.linearized import (
     LinearQuadratic,
     dual_kernel_second_derivative,
     linear_model_floor,

@@ -18,14 +18,14 @@ import pytest
 import torch
 from scipy import stats
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
+from dynamics.engines.resolve import resolve_run
 from dynamics.learners import get_learner
 from dynamics.learners.network import lq_factor
 from dynamics.learners.problem import Problem
 from dynamics.reduced import network_chain as nc
 from dynamics.reduced import reduced_supported
-from dynamics.resolve import resolve_run
+from dynamics.setup.config import RunConfig
 
 FINETUNED = {"activation": "relu", "k": 2, "xi": 1.0, "seed": 3}
 COMMITTEE = {"activation": "erf", "k": 2, "teacher": "committee", "seed": 2}
@@ -279,7 +279,7 @@ def test_long_loss_first_passages_with_carried_overlaps_are_the_dense_crossings(
 
 
 def test_kernel_slope_bound_bounds_the_derivative_of_the_power_series():
-    from dynamics.instance import build_instance
+    from dynamics.instances.instance import build_instance
     from dynamics.reduced.network_simulate import kernel_series
 
     mode, coef, _ = kernel_series(build_instance({"activation": "he4", "k": 2, "d": 10})

@@ -32,8 +32,8 @@ def bench():
 def test_floor_draws_what_the_chain_draws(bench, width):
     """After n steps (compressions included: the width cycles k′ … 2k′) the floor's stream is
     the chain's: the same normals and χ² draws, in the same order."""
+    from dynamics.randomness.sampling import run_seed
     from dynamics.reduced.network_simulate import ChainStart, NetworkChain
-    from dynamics.sampling import run_seed
 
     config = bench.committee_config(60, width, 10)
     stream = np.uint64(run_seed(config.seed, 0, "data"))

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from dynamics.trajectory import Trajectory, checkpoint_steps  # noqa: E402
+from dynamics.runtime.trajectory import Trajectory, checkpoint_steps  # noqa: E402
 from sims.cli import cli  # noqa: E402
 from sims.experiments.figures import FIGURES  # noqa: E402
 from sims.experiments.reproduce import render  # noqa: E402
@@ -232,8 +232,8 @@ def test_integrated_loss_near_zero_stays_nonnegative_and_the_overlay_counts_it()
     goes below 0 at several checkpoints (the integration tolerance): the ODE's loss stays
     ≥ 0, and committee_records puts their number on ``ode_loss`` as ``clamped_below_zero``
     and says so in its note."""
-    from dynamics.committee_overlay import committee_records
-    from dynamics.config import RunConfig
+    from dynamics.overlays.committee import committee_records
+    from dynamics.setup.config import RunConfig
     from hermite.committee import committee_ode
 
     tr = committee_ode(erf_model(), near_optimum(), np.linspace(0, 600, 21),
@@ -372,7 +372,7 @@ def test_hermite_committee_prints_nn2pp_lr_as_the_docs_define_it(tmp_path):
 
 # ---------------------------------------------------------------- 4. titles
 def test_titles_name_batch_and_label_noise_where_not_the_default():
-    from dynamics.config import RunConfig
+    from dynamics.setup.config import RunConfig
     from sims.plots.curves import curve_attributes, describe
 
     inst = {"activation": "relu", "k": 3, "d": 20, "seed": 1}
@@ -403,7 +403,7 @@ def test_show_reports_the_median_of_abs_overlap_the_figure_draws(tmp_path):
     """Half the runs end near −u: the signed median (what ``loradyn plot`` draws by default)
     and the median of |⟨û,u⟩| (what reproduce draws) differ; show gives both, named, and the
     |⟨û,u⟩| one is the end of the abs_overlap figure's median line."""
-    from dynamics.config import RunConfig
+    from dynamics.setup.config import RunConfig
     from sims.io.trajectory import write_trajectory
 
     config = RunConfig(instance={"activation": "relu", "k": 3, "d": 20, "seed": 1}, eta=0.01,
@@ -458,9 +458,9 @@ def test_a_theory_line_missing_for_some_curves_is_named_in_the_panel_legend():
 def test_a_failed_committee_ode_is_recorded_and_named_in_the_legend(monkeypatch):
     """The committee ODE failing from every start is no longer only a stderr note: the file
     records why (``no_theory``) and the figure's legend names it."""
-    import dynamics.committee_overlay as overlay
-    from dynamics.config import RunConfig
-    from dynamics.engine import simulate
+    import dynamics.overlays.committee as overlay
+    from dynamics.engines.engine import simulate
+    from dynamics.setup.config import RunConfig
 
     def fail(*args, **kwargs):
         raise RuntimeError("the ODE diverged (test)")
@@ -481,7 +481,7 @@ def test_a_failed_committee_ode_is_recorded_and_named_in_the_legend(monkeypatch)
 
 
 def test_a_diffusion_skipped_for_its_cost_says_so():
-    from dynamics.committee_overlay import plan_diffusion
+    from dynamics.overlays.committee import plan_diffusion
 
     why = {}
     assert plan_diffusion("tanh", 0.5, 10_000, 1, 10**7, 16, 4, 4, 50, why=why) is None

@@ -11,8 +11,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from dynamics.config import RunConfig  # noqa: E402
-from dynamics.engine import simulate  # noqa: E402
+from dynamics.engines.engine import simulate  # noqa: E402
+from dynamics.setup.config import RunConfig  # noqa: E402
 from sims.cli import cli  # noqa: E402
 from sims.experiments.sweep import run_sweep  # noqa: E402
 from sims.experiments.sweep_spec import parse_sweep  # noqa: E402
@@ -47,7 +47,7 @@ def test_one_median_line_band_and_ode_per_cell(files):
     assert lines_with_labels(ax) == ["ξ = 0.5, frozen ĉ", "ξ = 0.5, joint ĉ", "ξ = 1, frozen ĉ",
                                      "ξ = 1, joint ĉ"]
     dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
-    assert len(dashed) == 4  # the ODE of every cell (joint ĉ: hermite.finetune_population)
+    assert len(dashed) == 4  # the ODE of every cell (joint ĉ: hermite.finetune.population)
     dashdot = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-."]
     assert len(dashdot) == 4  # and its noise-corrected form (joint ĉ: finetune_population)
     hatched = [c for c in ax.collections if c.get_hatch()]
@@ -297,7 +297,7 @@ def test_refit_loss_with_population_refit_and_base_loss(learner_files):
 
 
 def test_aligned_c_overlap_counts_sign_flipped_runs_as_aligned():
-    from dynamics.trajectory import Trajectory
+    from dynamics.runtime.trajectory import Trajectory
     from sims.plots.curves import Curve, aligned_c_overlap
 
     steps = np.array([0, 10, 100])

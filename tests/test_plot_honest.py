@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from dynamics.trajectory import Trajectory  # noqa: E402
+from dynamics.runtime.trajectory import Trajectory  # noqa: E402
 from sims.cli import cli  # noqa: E402
 from sims.plots.curves import (  # noqa: E402
     Curve,
@@ -54,7 +54,7 @@ def legend_texts(fig):
 
 # ---------------------------------------------------------------- 1. one curve per ξ
 def test_plot_run_draws_one_median_and_one_ode_per_xi():
-    from dynamics.config import RunConfig
+    from dynamics.setup.config import RunConfig
 
     traj = synthetic([0.5] * 4 + [2.0] * 4)
     config = RunConfig(instance=INSTANCE, eta=0.01, steps=1000, runs=8, xi_values=[0.5, 2.0])
@@ -102,7 +102,7 @@ def test_joint_c_figure_and_stderr_say_why_there_is_no_theory(tmp_path, capsys):
     config = FINETUNE | {"joint_c": True}
     fig, notes = run_figure(traj, "title", config=config)
     want = ("no theory line: joint ĉ: the file records no population ODE (it predates "
-            "hermite.finetune_population; a run made now records it)")
+            "hermite.finetune.population; a run made now records it)")
     assert notes == [want]
     assert want in " ".join(t.replace("\n", " ") for t in legend_texts(fig))
     assert not [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == "--"]
@@ -139,7 +139,7 @@ def test_a_reason_the_file_records_is_used_as_is():
 
 def test_cli_run_and_plot_name_the_missing_theory(runner):
     """A learner without a population ODE (moment: an estimator) says so, from run --plot
-    and from loradyn plot of its file (joint ĉ has its ODE now: hermite.finetune_population)."""
+    and from loradyn plot of its file (joint ĉ has its ODE now: hermite.finetune.population)."""
     fast = ["--steps", "200", "--runs", "4", "--checkpoints", "8"]
     res = runner.invoke(cli, ["run", "spec.toml", *fast, "--learner", "moment", "--out",
                               "j.h5", "--plot", "j.png"])
@@ -201,8 +201,8 @@ def test_from_scratch_figure_is_against_alpha_with_steps_on_request():
 
 @pytest.fixture(scope="module")
 def scratch_file(tmp_path_factory):
-    from dynamics.config import RunConfig
-    from dynamics.engine import simulate
+    from dynamics.engines.engine import simulate
+    from dynamics.setup.config import RunConfig
     from sims.io.trajectory import write_trajectory
 
     config = RunConfig(instance=INSTANCE, learner="scratch", eta=0.01, steps=200, runs=3,

@@ -1,10 +1,10 @@
-"""Progress of long jobs where stderr is not a terminal (dynamics.progress): whole lines at
+"""Progress of long jobs where stderr is not a terminal (dynamics.runtime.progress): whole lines at
 an interval, nothing for a job shorter than one interval, a live bar on a terminal."""
 
 import io
 import time
 
-from dynamics.progress import progress_bar
+from dynamics.runtime.progress import progress_bar
 
 
 class _Terminal(io.StringIO):

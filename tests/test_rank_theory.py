@@ -1,4 +1,4 @@
-"""Rank-r population theory (hermite.rank) against r = 1 theory, calculus and Monte Carlo."""
+"""Rank-r population theory (hermite.flows.rank) against r = 1 theory, calculus and Monte Carlo."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import hermite
-from dynamics.config import ConfigError
-from dynamics.instance import build_instance
-from dynamics.lora_instance import build_lora_instance
+from dynamics.instances.instance import build_instance
+from dynamics.instances.lora_instance import build_lora_instance
+from dynamics.setup.config import ConfigError
 
 K = 5
 
@@ -123,8 +123,7 @@ def test_riemannian_gradient_of_the_loss_is_the_overlap_drift(rank):
     phi = (lam2 * (_relu_kernel(v @ v.T) + k_s - 2 * _relu_kernel(v @ vh.T))).sum()
     (grad,) = torch.autograd.grad(phi, uh)
     grad[:k] = 0.0
-    from dynamics import stiefel
-
+    from dynamics.geometry import stiefel
     riem = stiefel.proju(u_hat, grad).numpy()
     m = (u.T @ u_hat).numpy()
     np.testing.assert_allclose(float(phi.detach()), hermite.population_loss_rank(li, m),
@@ -328,8 +327,8 @@ def test_matrix_flow_tracks_the_map_to_order_eta():
     """The continuous flow (used for long horizons) differs from the discrete map by O(η):
     halving η (same η·t) halves the gap."""
     import hermite
-    from dynamics.instance import build_instance
-    from dynamics.lora_instance import build_lora_instance
+    from dynamics.instances.instance import build_instance
+    from dynamics.instances.lora_instance import build_lora_instance
 
     inst = build_lora_instance(build_instance({"activation": "relu", "k": 4, "d": 50,
                                                "xi": 1.0, "c_hat": "teacher"}), 2,

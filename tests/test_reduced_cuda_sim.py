@@ -12,10 +12,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from dynamics.config import RunConfig
+from dynamics.randomness.sampling import run_seed
 from dynamics.reduced import _kernel
 from dynamics.reduced.params import pack_instances
-from dynamics.sampling import run_seed
+from dynamics.setup.config import RunConfig
 from hermite.activations_numba import act_code
 
 CASES = {  # name → (activation, project, joint, batch, label noise)

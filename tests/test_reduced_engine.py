@@ -6,14 +6,14 @@ import pytest
 from scipy import stats
 
 import hermite
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
 from dynamics.reduced import (
     first_passage_reduced,
     first_passages_reduced,
     reduced_supported,
     simulate_reduced,
 )
+from dynamics.setup.config import RunConfig
 
 
 def _config(**kw):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from scipy.stats import ks_2samp
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate_full
+from dynamics.engines.engine import simulate_full
 from dynamics.reduced import simulate_reduced
+from dynamics.setup.config import RunConfig
 
 RUNS = 512
 ETA_C = 0.05

@@ -8,8 +8,8 @@ larger E[g²]/h, gives 0.10 at c = 0.05).
 
 import numpy as np
 
-from dynamics.config import RunConfig
 from dynamics.reduced import simulate_reduced
+from dynamics.setup.config import RunConfig
 
 D = 1_000_000
 

@@ -120,7 +120,7 @@ def test_initial_law_is_haar(r):
 
 
 def _lora_config(engine, act, joint, runs, retraction="polar", d=40):
-    from dynamics.config import RunConfig
+    from dynamics.setup.config import RunConfig
 
     spec = {"activation": act, "k": 4, "d": d, "xi": 1.0, "seed": 3, "W": "separated",
             "c": "gaussian", "c_hat": "gaussian", "C": "spectrum", "spectrum": [1.5, 1.0]}
@@ -134,7 +134,7 @@ def _lora_config(engine, act, joint, runs, retraction="polar", d=40):
 def test_reduced_rank_engine_has_the_law_of_the_full_learner(act, joint, retraction):
     """Two-sample KS (Bonferroni over checkpoints × singular values, 1%) and means within
     4 SE: reduced chain vs the full ``lora`` learner at d = 40, r = 2."""
-    from dynamics.engine import simulate
+    from dynamics.engines.engine import simulate
 
     runs = 384
     full = simulate(_lora_config("full", act, joint, runs, retraction))
@@ -158,7 +158,7 @@ def test_reduced_rank_engine_has_the_law_of_the_full_learner(act, joint, retract
 def test_reduced_rank_law_test_has_power(monkeypatch):
     """The same comparison rejects a chain with a wrong χ² law (χ²_d instead of
     χ²_{d−k−2r}, at small d): the test above can fail."""
-    from dynamics.engine import simulate
+    from dynamics.engines.engine import simulate
     from dynamics.reduced import rank_simulate
 
     runs = 384

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dynamics.activations import torch_activation
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from dynamics.learners import Finetune, Problem
 from dynamics.reduced import _kernel, torch_chain
 from dynamics.reduced.params import pack_instances

@@ -9,11 +9,11 @@ import pytest
 import torch
 from helpers import dense_rows
 
-from dynamics import refit
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import FullRun, simulate
-from dynamics.instance import build_instance
-from dynamics.observables import reduced_coordinates
+from dynamics.engines.engine import FullRun, simulate
+from dynamics.instances.instance import build_instance
+from dynamics.measures import refit
+from dynamics.measures.observables import reduced_coordinates
+from dynamics.setup.config import ConfigError, RunConfig
 
 
 def _spec(activation="relu", k=3, d=9, **kw):

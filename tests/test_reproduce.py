@@ -89,7 +89,7 @@ def test_reproduce_writes_h5_png_and_readme_section(tmp_path, monkeypatch):
     assert [ax.get_title() for ax in fig.axes] == ["(a) joint training of ĉ and û",
                                                    "(b) ĉ frozen, û trained"]
     assert fig.axes[0].get_ylabel() == "overlap |⟨û_t, u⟩|"
-    # every run + the median + the population ODE (joint ĉ: hermite.finetune_population)
+    # every run + the median + the population ODE (joint ĉ: hermite.finetune.population)
     # + its finite-d corrected form (dash-dotted)
     assert len(fig.axes[0].get_lines()) == 3 + 3
     assert sum(ln.get_linestyle() == "-." for ln in fig.axes[0].get_lines()) == 1
@@ -227,7 +227,7 @@ def test_reproduce_appB_writes_suffixed_files_and_its_own_readme_section(tmp_pat
     assert fig._suptitle.get_text().startswith(
         "fig2 (quick, App. B convention appB): σ = relu, k = 3, d = 20")
     # every run + the median + the plain O(η) ODE and its finite-d corrected form (App. B
-    # rows: hermite.finetune_population)
+    # rows: hermite.finetune.population)
     assert len(fig.axes[0].get_lines()) == 3 + 3
     assert any(ln.get_linestyle() == "--" for ax in fig.axes for ln in ax.get_lines())
     plt.close(fig)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dynamics.config import RunConfig
 from dynamics.reduced import first_passages_reduced
 from dynamics.reduced.network_simulate import NetworkChain
+from dynamics.setup.config import RunConfig
 from sims.cli import cli
 from sims.experiments.figures import separation as target
 from sims.experiments.separation import SeparationSpec, spec_for, target_loss

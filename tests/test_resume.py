@@ -26,10 +26,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dynamics.config import RunConfig
-from dynamics.engine import TEST_INTERRUPT_ENV, FullRun, iter_chunk_schedule, simulate, start
-from dynamics.resume import Checkpointer, ResumeError
-from dynamics.trajectory import checkpoint_steps
+from dynamics.engines.engine import (
+    TEST_INTERRUPT_ENV,
+    FullRun,
+    iter_chunk_schedule,
+    simulate,
+    start,
+)
+from dynamics.runtime.resume import Checkpointer, ResumeError
+from dynamics.runtime.trajectory import checkpoint_steps
+from dynamics.setup.config import RunConfig
 from sims.cli import cli
 from sims.io.resume import is_resume_file, read_resume, resume_path
 

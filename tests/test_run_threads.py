@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from dynamics.run_threads import BLOCKS_PER_THREAD, over_runs
+from dynamics.runtime.run_threads import BLOCKS_PER_THREAD, over_runs
 
 
 @njit(nogil=True)
@@ -35,8 +35,8 @@ def test_every_run_once_in_contiguous_blocks(n_runs, threads):
 
 
 def test_a_chain_gives_the_same_numbers_on_one_or_two_threads():
-    from dynamics.config import RunConfig
     from dynamics.reduced import simulate_reduced
+    from dynamics.setup.config import RunConfig
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has one thread here")

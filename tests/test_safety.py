@@ -14,11 +14,11 @@ import pytest
 from click.testing import CliRunner
 from helpers import TINY_SPEC_TOML, sweep_toml
 
-from dynamics import budget, engine
-from dynamics.config import ConfigError, RunConfig
-from dynamics.engine import chunk_schedule, iter_chunk_schedule
-from dynamics.instance import build_instance
-from dynamics.sampling import NoiseSource
+from dynamics.engines import budget, engine
+from dynamics.engines.engine import chunk_schedule, iter_chunk_schedule
+from dynamics.instances.instance import build_instance
+from dynamics.randomness.sampling import NoiseSource
+from dynamics.setup.config import ConfigError, RunConfig
 from sims.cli import cli
 from sims.io import trajectory as traj_io
 from sims.io.outputs import Input, Output, OutputError, check_outputs
@@ -106,7 +106,6 @@ def test_run_force_replaces_and_refuses_a_sweep_file_without_it(here):
 
 def test_interrupted_forced_run_keeps_the_old_file(here, monkeypatch):
     from dynamics import learners
-
     assert invoke("run", "spec.toml", *FAST, "--out", "keep.h5").exit_code == 0
     before = md5("keep.h5")
 
@@ -323,8 +322,8 @@ def test_config_validates_the_seed():
 
 # ---------------------------------------------------------------- 4. step sizes
 def test_sgd_step_limit_is_the_inverse_rms_gradient():
-    from hermite.noise import noise_moments
-    from hermite.stability import SAMPLES, sgd_step_limit, step_limit
+    from hermite.finite_d.noise import noise_moments
+    from hermite.finite_d.stability import SAMPLES, sgd_step_limit, step_limit
 
     inst = build_instance({"activation": "relu", "k": 5, "d": 200, "seed": 9})
     lim = sgd_step_limit(inst)
@@ -340,7 +339,7 @@ def test_sgd_step_limit_is_the_inverse_rms_gradient():
 
 def test_ode_step_limit_is_euler_stability():
     from hermite import population_ode
-    from hermite.stability import ode_step_limit
+    from hermite.finite_d.stability import ode_step_limit
 
     inst = build_instance({"activation": "relu", "k": 5, "seed": 9})
     lim = ode_step_limit(inst)
@@ -353,7 +352,7 @@ def test_ode_step_limit_is_euler_stability():
 
 def test_sgd_far_above_the_limit_is_noise(here):
     """The docstring's claim: at 10 η_sgd the overlaps stay at the noise level 1/√d."""
-    from hermite.stability import sgd_step_limit
+    from hermite.finite_d.stability import sgd_step_limit
 
     inst = build_instance({"activation": "relu", "k": 3, "d": 100, "seed": 9})
     eta = 10 * sgd_step_limit(inst)
@@ -391,7 +390,6 @@ def test_hermite_ode_warns_and_flags_the_blowup(here):
 # ---------------------------------------------------------------- 5. ODE blow-up flags
 def test_population_ode_stops_at_a_blowup_instead_of_inf():
     from hermite import population_ode
-
     inst = build_instance({"activation": "relu", "k": 5, "seed": 9})
     steps = np.array([0, 1, 2, 5, 100])
     for method in ("table", "exact"):
@@ -402,7 +400,7 @@ def test_population_ode_stops_at_a_blowup_instead_of_inf():
 
 
 def test_fixed_point_skip_and_progress_pieces_are_exact(monkeypatch):
-    import hermite.ode as ode_mod
+    import hermite.flows.ode as ode_mod
 
     inst = build_instance({"activation": "relu", "k": 5, "seed": 9})  # h > 0: m → 1
     m0 = np.array([0.05, 0.3, 0.9])
@@ -420,7 +418,7 @@ def test_fixed_point_skip_and_progress_pieces_are_exact(monkeypatch):
 
 
 def test_lna_variance_blowup_is_flagged():
-    from hermite.corrected_ode import VAR_BLOWUP, _lna
+    from hermite.finite_d.corrected_ode import VAR_BLOWUP, _lna
 
     fine = 513
     theta = np.linspace(0.0, math.pi, fine)
@@ -433,7 +431,7 @@ def test_lna_variance_blowup_is_flagged():
 
 
 def test_blowup_index_ignores_curves_without_theory():
-    from hermite.ode import blowup_index
+    from hermite.flows.ode import blowup_index
 
     curves = np.array([[0.1, 0.2, np.nan, np.nan], [np.nan] * 4, [0.1, 0.2, 0.3, 0.4]])
     assert blowup_index(curves).tolist() == [2, -1, -1]
@@ -509,7 +507,7 @@ def test_files_without_checksums_still_read(here, monkeypatch):
 
 
 def test_health_counts_runs_that_left_the_sphere_or_went_flat():
-    from dynamics.trajectory import Trajectory
+    from dynamics.runtime.trajectory import Trajectory
     from sims.commands.checks import health, health_text
 
     steps = np.array([0, 10, 20, 30, 40, 50])

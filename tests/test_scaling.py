@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dynamics.trajectory import Trajectory
+from dynamics.runtime.trajectory import Trajectory
 from sims.cli import cli
 from sims.experiments.scaling import hitting_times, load_scaling, parse_scaling
 from sims.experiments.sweep_spec import SweepSpecError
@@ -169,7 +169,7 @@ def test_first_passage_mode_records_exact_hits_without_a_trajectory(tmp_path, mo
     _meta, cells = read_sweep("fp.h5")
     for i, cell in enumerate(sorted(cells, key=lambda c: c.config["instance"]["d"])):
         assert list(cell.traj.steps) == [0]
-        from dynamics.config import RunConfig
+        from dynamics.setup.config import RunConfig
 
         config = RunConfig.from_dict(cell.config)
         np.testing.assert_array_equal(fp_strong[i], first_passage_reduced(config, 0.7))
@@ -225,8 +225,8 @@ def test_loss_levels_time_the_exact_population_loss(tmp_path, monkeypatch):
     """quantity = loss: T_level / T_strong are the chain's exact first passages of the loss to
     level / epsilon (the same numbers as NetworkChain.first_passages on the cell's config),
     with T_level ≤ T_strong, and the table names them as loss levels."""
-    from dynamics.config import RunConfig
     from dynamics.reduced.network_simulate import NetworkChain
+    from dynamics.setup.config import RunConfig
     from sims.io.sweep import read_sweep
 
     monkeypatch.chdir(tmp_path)

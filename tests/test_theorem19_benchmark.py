@@ -56,9 +56,9 @@ def test_merge_refuses_another_horizon(bench, whole):
 
 
 def test_ode_escapes_are_the_committee_ode_s_from_the_chain_starts(bench):
-    from dynamics.committee_overlay import committee_model, committee_state
-    from dynamics.config import RunConfig
+    from dynamics.overlays.committee import committee_model, committee_state
     from dynamics.reduced.network_simulate import ChainStart
+    from dynamics.setup.config import RunConfig
     from hermite.committee import committee_first_passage
 
     d, c, horizon = 30, 0.5, 50.0

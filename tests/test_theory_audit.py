@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import shrunk_sweep
 
-from dynamics.audit import (
+from dynamics.overlays.audit import (
     ATTRS,
     LINES,
     NOT_AUDITED,

@@ -18,9 +18,9 @@ import pytest  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 import hermite  # noqa: E402
-import hermite.finetune_population as fp  # noqa: E402
-from dynamics.config import RunConfig  # noqa: E402
-from dynamics.engine import simulate  # noqa: E402
+import hermite.finetune.population as fp  # noqa: E402
+from dynamics.engines.engine import simulate  # noqa: E402
+from dynamics.setup.config import RunConfig  # noqa: E402
 from sims.cli import cli  # noqa: E402
 from sims.experiments.figures import FIGURES, fig3  # noqa: E402
 from sims.experiments.reproduce import render  # noqa: E402

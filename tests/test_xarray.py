@@ -12,8 +12,8 @@ import pytest
 xr = pytest.importorskip("xarray")
 pd = pytest.importorskip("pandas")
 
-from dynamics.config import RunConfig  # noqa: E402
-from dynamics.engine import simulate  # noqa: E402
+from dynamics.engines.engine import simulate  # noqa: E402
+from dynamics.setup.config import RunConfig  # noqa: E402
 from sims.experiments.sweep import run_sweep  # noqa: E402
 from sims.experiments.sweep_spec import parse_sweep  # noqa: E402
 from sims.io.sweep import finished_cells, read_sweep, rebuild_sweep_file  # noqa: E402

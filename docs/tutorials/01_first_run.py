@@ -40,8 +40,8 @@ import numpy as np
 
 import hermite
 from dynamics import build_instance
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
+from dynamics.setup.config import RunConfig
 from sims.io import read_trajectory, write_trajectory
 
 workdir = Path(

@@ -33,8 +33,8 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
+from dynamics.setup.config import RunConfig
 
 t_start = time.perf_counter()
 

@@ -31,8 +31,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from dynamics.config import RunConfig
-from dynamics.engine import simulate
+from dynamics.engines.engine import simulate
+from dynamics.setup.config import RunConfig
 from hermite.committee import CommitteeModel, CommitteeState, committee_ode
 
 workdir = Path(tempfile.mkdtemp(prefix="loradyn-committee-"))

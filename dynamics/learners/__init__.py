@@ -4,10 +4,10 @@ Registry ``LEARNERS`` maps the CLI/config name to the learner class; the protoco
 uses is documented in :mod:`.base`.
 """
 
-from .base import Learner, RunResult, TensorState, make_trajectory, mask_dead
-from .finetune import ExampleTerms, Finetune, FinetuneState
-from .problem import Problem, rowmat
-from .registry import LEARNERS, get_learner
+from dynamics.learners.base import Learner, RunResult, TensorState, make_trajectory, mask_dead
+from dynamics.learners.finetune import ExampleTerms, Finetune, FinetuneState
+from dynamics.learners.problem import Problem, rowmat
+from dynamics.learners.registry import LEARNERS, get_learner
 
 __all__ = ["LEARNERS", "get_learner", "Learner", "RunResult", "TensorState", "mask_dead",
            "make_trajectory",

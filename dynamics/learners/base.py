@@ -11,8 +11,8 @@ leading run axis (:class:`TensorState`); the engine drives it chunk by chunk:
 4. ``bad_runs(state)`` (R,) bool: runs whose end-of-chunk state is invalid; the engine
    restores them to the chunk's start (``TensorState.restore_``) and ``freeze_``s them;
 5. ``observe(state)`` at every checkpoint: name → numpy array (R, ...);
-6. ``trajectory(result)``: the :class:`~dynamics.trajectory.Trajectory` from the stacked
-   records (:class:`~dynamics.trajectory.RunResult`), via ``make_trajectory``.
+6. ``trajectory(result)``: the :class:`~dynamics.runtime.trajectory.Trajectory` from the stacked
+   records (:class:`~dynamics.runtime.trajectory.RunResult`), via ``make_trajectory``.
 
 ``initial_state(config, instances)`` returns (state, m₀) where m₀ (R,) is the initial overlap
 (NaN where the learner has none). ``sample_gradients`` gives per-example gradients for the
@@ -28,7 +28,7 @@ switches on a learner's name):
 * ``exact_chain()``: its exact reduced chain (:class:`dynamics.reduced.exact_chain.ExactChain`)
   or None;
 * ``memory(config, d, k)``: the numbers it holds per run (:class:`Memory`;
-  ``dynamics.budget``), ``neurons(config, k)`` its number of student neurons and
+  ``dynamics.engines.budget``), ``neurons(config, k)`` its number of student neurons and
   ``given_rows(config)`` the rows file it starts from (or None);
 * ``takes_step_size``, ``has_population_ode``, ``finetune_ode``,
   ``committee_loss`` (network learners: the
@@ -42,9 +42,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, fields
 
-from ..lazy import lazy_import
-from ..trajectory import RunResult, make_trajectory, mask_dead
-from .options import Options
+from dynamics.lazy import lazy_import
+from dynamics.learners.options import Options
+from dynamics.runtime.trajectory import RunResult, make_trajectory, mask_dead
 
 torch = lazy_import("torch")  # loaded at its first use
 
@@ -107,7 +107,7 @@ class Learner:
     conventions = ("unit",)  # row conventions it runs (``Instance.convention``)
     takes_step_size = True  # False: η means nothing to it (no default-η note)
     has_population_ode = True  # an ODE of its overlap exists (where its options allow one)
-    finetune_ode = False  # its (û, ĉ) follow hermite.finetune_population's ODE (rank-1 LoRA)
+    finetune_ode = False  # its (û, ĉ) follow hermite.finetune.population's ODE (rank-1 LoRA)
     committee_loss = None  # "squared" | "correlation": a committee ODE goes beside its curves
     named_in_titles = True  # titles say its name (False: the default learner's variant only)
     diagonal_alignment = False  # alignment: mean ⟨vᵢ, ŵᵢ⟩ (True) or mean maxⱼ |cos(vᵢ, ŵⱼ)|
@@ -146,7 +146,7 @@ class Learner:
     @classmethod
     def step_limit(cls, config, instance):
         """The largest stable η its theory gives for ``instance`` (a
-        ``hermite.stability.StepLimit``), or None where it has none."""
+        ``hermite.finite_d.stability.StepLimit``), or None where it has none."""
         return None
 
     @classmethod

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import uniform_perp_directions
-from ..theory_overlay import initial_drift_sign
+from dynamics.overlays.finetune import initial_drift_sign
+from dynamics.randomness.sampling import uniform_perp_directions
 
 __all__ = ["initial_directions", "overlap_np"]
 

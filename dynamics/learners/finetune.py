@@ -27,15 +27,15 @@ from functools import cached_property
 
 import numpy as np
 
-from .. import sphere
-from ..assembly import rank_one_trajectory
-from ..lazy import lazy_import
-from ..losses import needs_coordinates
-from ..observables import reduced_coordinates
-from .base import Learner, Memory, RunResult, TensorState
-from .directions import initial_directions
-from .options import LowRankOptions, low_rank_variant, option
-from .problem import Problem, per_run, rowmat
+from dynamics.geometry import sphere
+from dynamics.lazy import lazy_import
+from dynamics.learners.base import Learner, Memory, RunResult, TensorState
+from dynamics.learners.directions import initial_directions
+from dynamics.learners.options import LowRankOptions, low_rank_variant, option
+from dynamics.learners.problem import Problem, per_run, rowmat
+from dynamics.measures.losses import needs_coordinates
+from dynamics.measures.observables import reduced_coordinates
+from dynamics.overlays.assembly import rank_one_trajectory
 
 torch = lazy_import("torch")  # loaded at its first use
 
@@ -121,7 +121,7 @@ class Finetune(Learner):
     name = "finetune"
     Options = FinetuneOptions
     conventions = ("unit", "appB", "appB-sqrt")  # App. B's scalings: full engine
-    finetune_ode = True  # hermite.finetune_population in every regime
+    finetune_ode = True  # hermite.finetune.population in every regime
     named_in_titles = False  # the paper's learner: titles name its variant only
     # the rank-1 chain (p, μ, ν[, ĉ]): every setting reduces (:mod:`dynamics.reduced`)
     chain = ("dynamics.reduced.simulate", "RankOneChain")
@@ -136,10 +136,10 @@ class Finetune(Learner):
 
     @classmethod
     def step_limit(cls, config, instance):
-        """The population ODE's stability limit of η (``hermite.stability``), unit rows."""
+        """The population ODE's stability limit of η (``hermite.finite_d.stability``), unit rows."""
         if not instance.unit_rows:
             return None
-        from hermite.stability import step_limit
+        from hermite.finite_d.stability import step_limit
 
         return step_limit(instance, config.eta, instance.d, label_noise=config.label_noise)
 

@@ -12,7 +12,7 @@ coordinates:
   P = U S Vᵀ gives coordinates U S). Every inner product ⟨vᵢ, ŵⱼ⟩ and ⟨ŵⱼ, ŵₗ⟩ is kept, and
   x ~ N(0, I_d) is isotropic, so the run has the law it would have in W's coordinates
   (docs/theory/committee-engine.md, "Given initial rows").
-- ``canonical``: already in the canonical frame (``dynamics.instance``): coordinates 0…k−1
+- ``canonical``: already in the canonical frame (``dynamics.instances.instance``): coordinates 0…k−1
   span the teacher's W with vᵢ = (Lᵢ, 0, …) (L = Cholesky factor of the Gram, or the
   identity for ``W = "orthonormal"``), coordinate k is u's direction orthogonal to span W (a
   fine-tuned teacher), the rest the complement.
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import scipy.linalg as sla
 
-from ..errors import ConfigError
+from dynamics.errors import ConfigError
 
 __all__ = ["INIT_FRAMES", "GivenRows", "given_rows", "resolve_frame", "canonical_rows",
            "given_rows_attrs", "check_given_rows"]

@@ -26,15 +26,14 @@ import numpy as np
 import scipy.integrate
 
 import hermite
-
-from .. import sphere
-from ..lazy import lazy_import
-from ..losses import LOSS_EXACT
-from ..sampling import uniform_perp_directions
-from .base import Learner, RunResult, TensorState, make_trajectory
-from .directions import overlap_np
-from .options import Options, init_option
-from .problem import Problem
+from dynamics.geometry import sphere
+from dynamics.lazy import lazy_import
+from dynamics.learners.base import Learner, RunResult, TensorState, make_trajectory
+from dynamics.learners.directions import overlap_np
+from dynamics.learners.options import Options, init_option
+from dynamics.learners.problem import Problem
+from dynamics.measures.losses import LOSS_EXACT
+from dynamics.randomness.sampling import uniform_perp_directions
 
 torch = lazy_import("torch")  # loaded at its first use
 
@@ -223,7 +222,8 @@ def glm_drift(activation, m) -> np.ndarray:
 
 class KPrimeTable:
     """2K′(m) on [−1, 1] as a ``hermite.HTable`` (cubic interpolation in √(1 − |m|), error
-    ≤ 1e-10·max|2K′| checked when built), evaluated in numba by ``hermite.table.table_eval``."""
+    ≤ 1e-10·max|2K′| checked when built), evaluated in numba by
+    ``hermite.expansion.table.table_eval``."""
 
     _cache: dict = {}
 
@@ -260,7 +260,7 @@ def glm_ode(activation, eta: float, m0, steps, method: str = "auto") -> np.ndarr
         method = "discrete" if m0.size * int(ckpts[-1]) <= ODE_DISCRETE_BUDGET else "continuous"
     tab = KPrimeTable.get(activation)
     if method == "discrete":
-        from .glm_map import iterate_map  # numba: compiled on first use
+        from dynamics.learners.glm_map import iterate_map  # numba: compiled on first use
 
         return iterate_map(m0, float(eta), tab.table, tab.n, ckpts)
     if method != "continuous":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hermite.table import table_eval
+from hermite.expansion.table import table_eval
 
 __all__ = ["iterate_map"]
 

@@ -31,7 +31,7 @@ teacher label, plus label noise if configured; prox from seed 003). Two paramete
 Observables: ``overlap`` = ⟨û, u⟩ (rank 1) or, full rank, |⟨v₁, u⟩| with v₁ the top right
 singular vector of Δ (NaN while Δ = 0); ``loss`` = the exact population loss of the *true*
 network with rows (wⱼ + Δⱼ)/‖·‖ (``network_loss``, dual kernels); extra ``loss_linear`` = the
-population loss of f_lin, exact (the quadratic form of ``hermite.linearized``; a Monte Carlo
+population loss of f_lin, exact (the quadratic form of ``hermite.flows.linearized``; a Monte Carlo
 estimate on one evaluation set shared by every run put a common error of a few % into every
 run's value, which the runs' spread cannot show); extra ``delta_norm`` = ‖Δ‖_F; ``c_overlap`` when ĉ
 is trained; ``ode`` NaN (no theory).
@@ -45,14 +45,14 @@ from functools import cached_property
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..lazy import lazy_import
-from ..network_loss import network_loss
-from ..observables import c_overlap, group_runs
-from .base import Learner, Memory, RunResult, TensorState, make_trajectory
-from .finetune import Finetune, FinetuneState
-from .options import LowRankOptions, option
-from .problem import Problem, per_run, rowmat
+from dynamics.errors import ConfigError
+from dynamics.lazy import lazy_import
+from dynamics.learners.base import Learner, Memory, RunResult, TensorState, make_trajectory
+from dynamics.learners.finetune import Finetune, FinetuneState
+from dynamics.learners.options import LowRankOptions, option
+from dynamics.learners.problem import Problem, per_run, rowmat
+from dynamics.measures.network_loss import network_loss
+from dynamics.measures.observables import c_overlap, group_runs
 
 torch = lazy_import("torch")  # loaded at its first use
 
@@ -162,7 +162,7 @@ class Linearized(Finetune):
     Options = LinearizedOptions
     conventions = ("unit",)
     named_in_titles = True
-    # the linear model's exact theory (hermite.linearized): mean ODE and floor, recorded
+    # the linear model's exact theory (hermite.flows.linearized): mean ODE and floor, recorded
     chain = None  # f_lin's rank-1 step is not the rank-1 chain's: it has none
 
     @classmethod
@@ -379,7 +379,7 @@ class LinearizedFullRank(Learner):
             for i in range(n):
                 norms[i] = self.step_prepared_(state, x[:, i], pre, i)
             return
-        from .network_kernel import linear_chunk
+        from dynamics.learners.network_kernel import linear_chunk
 
         linear_chunk(delta, x, pre.z, pre.y, pre.f0, pre.beta, self.problem.l, self.eta_r,
                      norms, prox=self.prox, project=self.project)
@@ -449,10 +449,10 @@ def true_loss(instances, delta: np.ndarray) -> np.ndarray:
 
 
 def linear_loss(instances, delta: np.ndarray) -> np.ndarray:
-    """(R, C) E(f* − f_lin)² exactly: ``hermite.linearized.linear_model_loss`` (the quadratic
+    """(R, C) E(f* − f_lin)² exactly: ``hermite.flows.linearized.linear_model_loss`` (the quadratic
     form const − 2⟨b, Δ_S⟩ + ⟨Δ_S, AΔ_S⟩ + tr(BΔ_⊥Δ_⊥ᵀ), dual kernels) per instance group;
     delta (R, C, k, D) as in :func:`true_loss`."""
-    from hermite.linearized import linear_model_loss
+    from hermite.flows.linearized import linear_model_loss
 
     out = np.full(delta.shape[:2], np.nan)
     for inst, idx in group_runs(instances):
@@ -465,7 +465,7 @@ ODE_RTOL = 1e-7  # the rank-1 mean-drift ODE's tolerance (a curve beside SGD, no
 
 
 def _theory(result: RunResult, full_rank: bool) -> tuple[dict, dict, dict]:
-    """The linear model's exact theory beside its runs (``hermite.linearized``), per instance
+    """The linear model's exact theory beside its runs (``hermite.flows.linearized``), per instance
     group: the mean ODE of the overlap and of the linear loss L(E Δₜ), the floor min L and the
     true network loss at its minimiser. Returns (Trajectory theory kwargs, extras, attrs).
 
@@ -499,7 +499,7 @@ def _theory(result: RunResult, full_rank: bool) -> tuple[dict, dict, dict]:
 
 def _theory_group(result, inst, idx, full_rank, curves, floors, notes) -> None:
     """:func:`_theory` for the runs ``idx`` of one instance, into ``curves``/``floors``."""
-    from hermite.linearized import (
+    from hermite.flows.linearized import (
         linear_model_floor,
         linear_model_ode,
         linear_model_quadratic,

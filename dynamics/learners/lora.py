@@ -1,7 +1,8 @@
 """The ``lora`` learner: rank-r fine-tuning, Riemannian online SGD of Û on the Stiefel manifold.
 
 Student rows v̂ⱼ = (wⱼ + ξÛĉⱼ)/N̂ⱼ, N̂ⱼ = ‖wⱼ + ξÛĉⱼ‖, Û ∈ St(d, r) (ÛᵀÛ = I), Ĉ ∈ R^{k×r}
-frozen or trained jointly (``joint_c``); the teacher is ``dynamics.lora_instance``'s (C, U).
+frozen or trained jointly (``joint_c``); the teacher is ``dynamics.instances.lora_instance``'s (C,
+U).
 Loss on one example L = (y − f̂(x))². With s = Ûᵀx (r), z = Wx, ω = WÛ (k×r, 0 when
 projected), aⱼ = (zⱼ + ξĉⱼᵀs)/N̂ⱼ and δⱼ = ∂L/∂aⱼ = −2(y − f̂)λⱼσ′(aⱼ), the sample gradients
 are, in closed form (∂N̂ⱼ/∂Û = ξ(wⱼ + ξÛĉⱼ)ĉⱼᵀ/N̂ⱼ, ∂N̂ⱼ/∂ĉⱼ = (ξωⱼ + ξ²ĉⱼ)/N̂ⱼ):
@@ -13,7 +14,7 @@ The last term of ∇_Û L is Û·(symmetric): the tangent projection removes it.
 SGD, embedded metric; b examples averaged): G = mean ∇_Û L, with Π (onto span(W)^⊥) applied
 when ``project`` (then Wᵀ… vanishes and G = Πx gᵀ), ξ = G − Û sym(ÛᵀG), Û' = retr(Û, −ηξ)
 with the polar (default) or QR retraction (option ``retraction``,
-:mod:`dynamics.stiefel`); Ĉ' = Ĉ − η_c mean ∂L/∂Ĉ (+ the proximal term 2·prox·ξ²Ĉ).
+:mod:`dynamics.geometry.stiefel`); Ĉ' = Ĉ − η_c mean ∂L/∂Ĉ (+ the proximal term 2·prox·ξ²Ĉ).
 
 Projected, b = 1 (the hot path): Y = Û(I + ηS) − η Πx gᵀ with S = sym(s gᵀ), and
 YᵀY = BᵀB − η(Bᵀs)gᵀ − η g(Bᵀs)ᵀ + η²‖Πx‖² ggᵀ, B = I + ηS, in closed form (r×r), so a step
@@ -38,16 +39,15 @@ from dataclasses import dataclass
 import numpy as np
 
 import hermite
-
-from .. import stiefel
-from ..errors import ConfigError
-from ..lazy import lazy_import
-from ..lora_instance import lora_options, run_lora_instances
-from ..observables import group_runs
-from ..sampling import run_seed, uniform_perp_directions
-from .base import Learner, Memory, RunResult, TensorState, make_trajectory
-from .options import LowRankOptions, low_rank_variant, option
-from .problem import Problem, rowmat
+from dynamics.errors import ConfigError
+from dynamics.geometry import stiefel
+from dynamics.instances.lora_instance import lora_options, run_lora_instances
+from dynamics.lazy import lazy_import
+from dynamics.learners.base import Learner, Memory, RunResult, TensorState, make_trajectory
+from dynamics.learners.options import LowRankOptions, low_rank_variant, option
+from dynamics.learners.problem import Problem, rowmat
+from dynamics.measures.observables import group_runs
+from dynamics.randomness.sampling import run_seed, uniform_perp_directions
 
 torch = lazy_import("torch")  # loaded at its first use
 
@@ -159,7 +159,7 @@ class LoRA(Learner):
     def check(cls, config, instance) -> None:
         """Rank-r keys valid for ``instance`` (``lora_instance``) and the engine (``reduced``
         only where the rank-r chain is exact); the retraction name is checked by its options."""
-        from ..lora_instance import build_lora_instance
+        from dynamics.instances.lora_instance import build_lora_instance
 
         build_lora_instance(instance, config.options.rank, lora_options(config))
         if config.engine == "reduced":

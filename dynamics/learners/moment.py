@@ -29,13 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 
 import hermite
-
-from ..errors import ConfigError
-from ..lazy import lazy_import
-from ..losses import LOSS_EXACT, exact_loss
-from .base import Learner, Memory, RunResult, TensorState, make_trajectory
-from .options import Options, option
-from .problem import Problem, per_run, rowmat
+from dynamics.errors import ConfigError
+from dynamics.lazy import lazy_import
+from dynamics.learners.base import Learner, Memory, RunResult, TensorState, make_trajectory
+from dynamics.learners.options import Options, option
+from dynamics.learners.problem import Problem, per_run, rowmat
+from dynamics.measures.losses import LOSS_EXACT, exact_loss
 
 torch = lazy_import("torch")  # loaded at its first use
 

@@ -41,14 +41,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import sphere
-from ..errors import ConfigError
-from ..lazy import lazy_import
-from ..losses import LOSS_EXACT
-from ..network_loss import network_loss_from_grams, network_loss_from_overlaps
-from ..sampling import run_seed
-from .base import Learner, Memory, RunResult, TensorState, make_trajectory
-from .given_rows import (
+from dynamics.errors import ConfigError
+from dynamics.geometry import sphere
+from dynamics.lazy import lazy_import
+from dynamics.learners.base import Learner, Memory, RunResult, TensorState, make_trajectory
+from dynamics.learners.given_rows import (
     INIT_FRAMES,
     canonical_rows,
     check_given_rows,
@@ -56,8 +53,11 @@ from .given_rows import (
     given_rows_attrs,
     resolve_frame,
 )
-from .options import Options, eta_c_option, option
-from .problem import Problem, rowmat
+from dynamics.learners.options import Options, eta_c_option, option
+from dynamics.learners.problem import Problem, rowmat
+from dynamics.measures.losses import LOSS_EXACT
+from dynamics.measures.network_loss import network_loss_from_grams, network_loss_from_overlaps
+from dynamics.randomness.sampling import run_seed
 
 torch = lazy_import("torch")  # loaded at its first use
 
@@ -435,9 +435,8 @@ class NetworkLearner(Learner):
         On CPU with a registry σ: one call of the compiled kernel (``network_kernel``: the
         same update, same examples, equal up to rounding); else :meth:`step_prepared_` per
         step (the reference, and the path on CUDA)."""
+        from dynamics.learners.network_kernel import network_chunk
         from hermite.activations_numba import compiled_activation
-
-        from .network_kernel import network_chunk
 
         rows, n = state.rows, x.shape[1]
         code = compiled_activation(self.problem.activation) if (
@@ -510,8 +509,8 @@ class NetworkLearner(Learner):
     def trajectory(self, result: RunResult):
         """Exact loss and alignment (also ``extra['alignment']``) at every checkpoint, and the
         committee-machine ODE's from each run's initial overlaps (``extra['ode_loss']``,
-        ``extra['ode_alignment']``; :mod:`dynamics.committee_overlay`)."""
-        from ..committee_overlay import committee_records
+        ``extra['ode_alignment']``; :mod:`dynamics.overlays.committee`)."""
+        from dynamics.overlays.committee import committee_records
 
         rec = result.records
         insts = result.instances

@@ -10,7 +10,7 @@ same update. At b = 1 a row's update and the next step's dot product take ONE pa
 row, for four rows at a time (the example and the next one are loaded once per four rows),
 with the arithmetic in the rows' dtype (float32 runs about twice as fast as float64); a row
 of d numbers stays in L1 meanwhile. One compiled path (a block of runs, on numba's threads by
-:func:`dynamics.run_threads.over_runs`) serves every number of threads, so a run's numbers
+:func:`dynamics.runtime.run_threads.over_runs`) serves every number of threads, so a run's numbers
 depend neither on R nor on the threads.
 
 - rows (:func:`network_chunk`): with δ (b, k′) the per-example coefficients of the module
@@ -38,10 +38,9 @@ import numpy as np
 import torch
 from numba import njit
 
+from dynamics.runtime.numba_cache import SIGMA_SOURCE, drop_stale_cache
+from dynamics.runtime.run_threads import over_runs
 from hermite.activations_numba import sigma_and_deriv
-
-from ..numba_cache import SIGMA_SOURCE, drop_stale_cache
-from ..run_threads import over_runs
 
 __all__ = ["network_chunk", "linear_chunk", "examples_view", "RowArrays",
            "ChunkView", "RowFlags", "LinearArrays", "LinearFlags"]

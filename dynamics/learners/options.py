@@ -18,8 +18,8 @@ from functools import cache
 
 import numpy as np
 
-from ..errors import ConfigError, ForeignOptionError
-from .registry import LEARNERS, get_learner
+from dynamics.errors import ConfigError, ForeignOptionError
+from dynamics.learners.registry import LEARNERS, get_learner
 
 __all__ = ["Options", "OptionSpec", "option", "option_specs", "all_options", "options_of",
            "learner_options", "INITS", "eta_c_option", "init_option", "LowRankOptions",

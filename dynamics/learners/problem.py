@@ -1,6 +1,6 @@
 """The R runs' instances as tensors with a leading run axis, in the canonical frame.
 
-Canonical frame (``dynamics.instance``): coordinates 0..k−1 span span(W) with W = [L, 0],
+Canonical frame (``dynamics.instances.instance``): coordinates 0..k−1 span span(W) with W = [L, 0],
 coordinate k is the unit direction of u's part ⊥ span(W), so u = (u_w, u_perp, 0, …).
 Then Wx = L x[:k] costs O(k²) and ⟨u, x⟩ = ⟨u_w, x[:k]⟩ + u_perp x[k] costs O(k).
 """
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..activations import TorchActivation, torch_activation
-from ..instance import Instance
-from ..lazy import lazy_import
+from dynamics.activations import TorchActivation, torch_activation
+from dynamics.instances.instance import Instance
+from dynamics.lazy import lazy_import
 
 torch = lazy_import("torch")  # loaded at its first use
 

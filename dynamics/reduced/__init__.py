@@ -2,7 +2,8 @@ r"""The reduced engine: the exact law of the ``finetune`` dynamics at O(k) cost 
 
 Derivation (from the full engine's step, ``dynamics.learners.finetune``; no approximation)
 ------------------------------------------------------------------------------------------
-Canonical frame (``dynamics.instance``): x ~ N(0, I_d); coordinates 0..k−1 span W (wᵢ = row i
+Canonical frame (``dynamics.instances.instance``): x ~ N(0, I_d); coordinates 0..k−1 span W (wᵢ =
+row i
 of L), coordinate k is e, the unit direction of u's part ⊥ W, so u = (u_w, u⊥, 0, …). Let
 H = span(W, e). Write û = (p, μ, ν ê) with p ∈ R^k (û in span W), μ = ⟨û, e⟩, ν ≥ 0 and ê the
 unit direction of û's part ⊥ H. Projected learner (eq. 4): p ≡ 0.
@@ -60,13 +61,13 @@ for activations without a compiled version).
 
 from pathlib import Path as _Path
 
-from ..numba_cache import SIGMA_SOURCE, drop_stale_cache
+from dynamics.runtime.numba_cache import SIGMA_SOURCE, drop_stale_cache
 
 _HERE = _Path(__file__).parent
 # every module of this package, compiled or not, and σ's numba source
 drop_stale_cache(_HERE / "__pycache__", [*_HERE.glob("*.py"), SIGMA_SOURCE])
 
-from .simulate import (  # noqa: E402
+from dynamics.reduced.simulate import (  # noqa: E402
     BACKENDS,
     ENGINE,
     first_passage_reduced,

@@ -23,10 +23,9 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from dynamics.reduced import _rng
+from dynamics.reduced._drive import M_TOL, drive, overlap_status
 from hermite.activations_numba import sigma, sigma_and_deriv
-
-from . import _rng
-from ._drive import M_TOL, drive, overlap_status
 
 __all__ = ["Hyper", "Inst", "Runs", "Records", "FLAT_ARGS", "make_hyper", "run_one",
            "run_index", "scratch", "M_TOL", "N_WORK_K", "N_WORK_B"]

@@ -17,7 +17,7 @@ Only a step's hot pieces are inlined (numba's IR inlining copies the callee's IR
 site, which is most of a chain's compile time): the network chain's compression, alignment,
 loss and record are plain calls, which cut its cold compile from 67 s to 27 s and made its
 K = 2 step faster (4.5 → 5.0 M steps/s). The runs go to threads in blocks
-(:func:`dynamics.run_threads.over_runs`), not through a ``prange``, whose gufunc compiled
+(:func:`dynamics.runtime.run_threads.over_runs`), not through a ``prange``, whose gufunc compiled
 each run function a second time (its index is uint64 there) and re-optimised its callees.
 """
 

@@ -1,4 +1,5 @@
-"""The numba drivers: initial law and all R runs on numba's threads (:mod:`dynamics.run_threads`).
+"""The numba drivers: initial law and all R runs on numba's threads
+(:mod:`dynamics.runtime.run_threads`).
 
 Each run draws from its own stream (:mod:`._rng`, seeded from (seed, r)), so results do not
 depend on the number of threads.
@@ -11,12 +12,21 @@ import math
 import numpy as np
 from numba import njit
 
+from dynamics.reduced import _rng
+from dynamics.reduced._chain import (
+    FLAT_ARGS,
+    Hyper,
+    Inst,
+    Records,
+    Runs,
+    make_hyper,
+    run_index,
+    run_one,
+    scratch,
+)
+from dynamics.reduced.params import split_flat
+from dynamics.runtime.run_threads import over_runs
 from hermite.activations_numba import act_code
-
-from ..run_threads import over_runs
-from . import _rng
-from ._chain import FLAT_ARGS, Hyper, Inst, Records, Runs, make_hyper, run_index, run_one, scratch
-from .params import split_flat
 
 __all__ = ["init_runs", "advance_runs", "advance", "replay"]
 
@@ -52,7 +62,8 @@ def _advance_block(lo, hi, hyp, inst, runs, rec):
 
 def advance_runs(hyp, inst, runs, rec) -> None:
     """Advance every run of ``runs`` (:class:`._chain.Runs`, in place) by ``hyp.n_steps`` on
-    numba's threads (:func:`dynamics.run_threads.over_runs`). See :func:`._chain.run_one` for the
+    numba's threads (:func:`dynamics.runtime.run_threads.over_runs`). See :func:`._chain.run_one`
+    for the
     checkpoint, divergence and stop conventions."""
     over_runs(_advance_block, runs.mu.shape[0], hyp, inst, runs, rec)
 

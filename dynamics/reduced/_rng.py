@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ..ziggurat import ZIGGURAT_TAIL, ziggurat_tables
+from dynamics.randomness.ziggurat import ZIGGURAT_TAIL, ziggurat_tables
 
 __all__ = ["seed_stream", "next_u64", "uniform", "normal", "gamma", "chi2", "chi2_prepare",
            "chi2_prepared"]

@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 from numba import cuda
 
-from ._chain import (
+from dynamics.reduced._chain import (
     FLAT_ARGS,
     N_WORK_B,
     N_WORK_K,
@@ -31,7 +31,7 @@ from ._chain import (
     make_hyper,
     run_index,
 )
-from .params import split_flat
+from dynamics.reduced.params import split_flat
 
 __all__ = ["advance_runs", "advance", "THREADS_PER_BLOCK"]
 

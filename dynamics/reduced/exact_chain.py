@@ -55,7 +55,7 @@ class ExactChain:
 
     def simulate(self, config, *, instances=None, backend: str | None = None,
                  _chi2_dof: int | None = None):
-        """The :class:`~dynamics.trajectory.Trajectory` of ``config`` (validated and
+        """The :class:`~dynamics.runtime.trajectory.Trajectory` of ``config`` (validated and
         supported); ``instances``: the runs' resolved instances (default: built from the
         config); ``_chi2_dof`` is a test hook (a deliberately wrong χ² law)."""
         raise NotImplementedError

@@ -45,17 +45,16 @@ from dataclasses import replace
 import numpy as np
 from numba import njit
 
+from dynamics.learners.base import RunResult
+from dynamics.randomness.sampling import run_seed
+from dynamics.reduced import _kernel, _rng
+from dynamics.reduced._drive import drive, overlap_status
+from dynamics.reduced.exact_chain import ExactChain
+from dynamics.reduced.segments import ChainRun, run_to_end
+from dynamics.runtime.run_threads import over_runs
+from dynamics.runtime.trajectory import Trajectory, checkpoint_steps
+from dynamics.setup.config import RunConfig
 from hermite.activations_numba import act_code, sigma, sigma_and_deriv
-
-from ..config import RunConfig
-from ..learners.base import RunResult
-from ..run_threads import over_runs
-from ..sampling import run_seed
-from ..trajectory import Trajectory, checkpoint_steps
-from . import _kernel, _rng
-from ._drive import drive, overlap_status
-from .exact_chain import ExactChain
-from .segments import ChainRun, run_to_end
 
 __all__ = ["GLMChain", "GlmRun", "glm_supported", "simulate_glm", "start_glm",
            "first_passage_glm", "advance_glm", "GlmHyper", "GlmRuns"]
@@ -140,7 +139,7 @@ def _advance_block(lo, hi, hyp, runs, cp_steps, cp_m):
 
 def advance_glm(hyp, runs, cp_steps, cp_m) -> None:
     """All runs of ``runs`` (:class:`GlmRuns`, in place) by ``hyp.n_steps`` steps on numba's
-    threads (:func:`dynamics.run_threads.over_runs`); checkpoints into cp_m (R, C)."""
+    threads (:func:`dynamics.runtime.run_threads.over_runs`); checkpoints into cp_m (R, C)."""
     over_runs(_advance_block, runs.m.shape[0], hyp, runs, cp_steps, cp_m)
 
 
@@ -220,7 +219,7 @@ class GlmRun(ChainRun):
         return div, hit
 
     def trajectory(self) -> Trajectory:
-        from ..learners.glm import GLM
+        from dynamics.learners.glm import GLM
 
         steps, rec = self.recorded()
         result = RunResult(replace(self.config, dtype="float64"), self.instances, steps,

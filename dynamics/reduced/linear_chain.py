@@ -53,17 +53,23 @@ from dataclasses import replace
 import numpy as np
 from numba import njit
 
+from dynamics.randomness.sampling import run_seed
+from dynamics.reduced._drive import DIVERGED, HIT, RUNNING, drive
+from dynamics.reduced.exact_chain import ExactChain, convention_supported
+from dynamics.reduced.network_chain import (
+    _compress,
+    _draw,
+    _row_gram,
+    chi2_table,
+    min_dimension,
+    storage_width,
+)
+from dynamics.reduced.network_simulate import compiled_activation_missing
+from dynamics.reduced.params import distinct
+from dynamics.reduced.segments import ChainRun, run_to_end
+from dynamics.runtime.run_threads import over_runs
+from dynamics.runtime.trajectory import RunResult, Trajectory, checkpoint_steps
 from hermite.activations_numba import compiled_activation, sigma, sigma_and_deriv
-
-from ..run_threads import over_runs
-from ..sampling import run_seed
-from ..trajectory import RunResult, Trajectory, checkpoint_steps
-from ._drive import DIVERGED, HIT, RUNNING, drive
-from .exact_chain import ExactChain, convention_supported
-from .network_chain import _compress, _draw, _row_gram, chi2_table, min_dimension, storage_width
-from .network_simulate import compiled_activation_missing
-from .params import distinct
-from .segments import ChainRun, run_to_end
 
 __all__ = ["LinHyper", "LinRuns", "LinRecords", "make_lin_hyper", "advance_linear",
            "step_given", "gram_top_overlap", "LinearChain", "LinearRun"]
@@ -365,7 +371,8 @@ def _advance_block(lo, hi, hyp, L, V, lam, u, runs, rec):
 
 def advance_linear(hyp, L, V, lam, u, runs, rec) -> None:
     """Advance every run of ``runs`` (:class:`LinRuns`, in place) by ``hyp.n_steps`` steps on
-    numba's threads (:func:`dynamics.run_threads.over_runs`); per distinct instance L (I, k, k),
+    numba's threads (:func:`dynamics.runtime.run_threads.over_runs`); per distinct instance L (I,
+    k, k),
     teacher rows V (I, k, t), λ (I, k) and u (I, t) in A; checkpoints into ``rec``."""
     over_runs(_advance_block, runs.P.shape[0], hyp, L, V, lam, u, runs, rec)
 
@@ -378,8 +385,8 @@ class _Start:
     def __init__(self, config, instances):
         import torch
 
-        from ..learners.linearized import LinearizedFullRank
-        from ..learners.problem import Problem
+        from dynamics.learners.linearized import LinearizedFullRank
+        from dynamics.learners.problem import Problem
 
         self.config, self.instances = config, list(instances)
         problem = Problem.from_instances(self.instances, "cpu", torch.float64)
@@ -525,7 +532,7 @@ class LinearRun(ChainRun):
         return div, hit
 
     def trajectory(self) -> Trajectory:
-        from ..learners.linearized import top_overlap
+        from dynamics.learners.linearized import top_overlap
 
         start = self.start
         steps, rec = self.recorded()

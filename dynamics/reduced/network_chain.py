@@ -65,11 +65,10 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from dynamics.reduced import _rng
+from dynamics.reduced._drive import DIVERGED, HIT, RUNNING, drive
+from dynamics.runtime.run_threads import over_runs
 from hermite.activations_numba import sigma, sigma_and_deriv
-
-from ..run_threads import over_runs
-from . import _rng
-from ._drive import DIVERGED, HIT, RUNNING, drive
 
 __all__ = ["STOP_KINDS", "NetHyper", "NetRuns", "NetRecords", "make_net_hyper", "advance_network",
            "work_arrays", "storage_width", "min_dimension", "step_given"]
@@ -92,7 +91,7 @@ call over the whole horizon does)."""
 #: below it (unit rows, unit-row teacher: dual kernels)
 STOP_KINDS = {"none": 0, "alignment": 1, "diagonal": 2, "loss": 3}
 #: K(ρ) = Σₚ cₚ ρᵖ (polynomial σ: cₚ = μₚ², exact) or a Chebyshev series in
-#: x = 1 − 2 arccos(ρ)/π (``hermite.kernels.kernel_interpolant``, certified error bound)
+#: x = 1 − 2 arccos(ρ)/π (``hermite.expansion.kernels.kernel_interpolant``, certified error bound)
 KERNEL_MODES = {"power": 0, "chebyshev_theta": 1}
 NetRuns = namedtuple("NetRuns", ["states", "P", "Z", "m", "lam_hat", "mask", "inst_idx",
                                  "div_step", "hit_step", "slot", "ready"])
@@ -321,7 +320,7 @@ def _overlaps(V, P, Z, m, Q, R):
 def _loss_of(hyp, lam, teacher_term, Q, R, lam_hat, coef):
     """Exact population loss E(f* − f̂)² of unit rows against a unit-row teacher from their
     overlaps (Q's upper triangle, R): λᵀK(VVᵀ)λ (``teacher_term``) + λ̂ᵀK(Ĝ)λ̂ − 2λᵀK(VP̂ᵀ)λ̂
-    (``dynamics.network_loss``)."""
+    (``dynamics.measures.network_loss``)."""
     k, kp = R.shape
     out = teacher_term
     for j in range(kp):
@@ -845,7 +844,8 @@ def work_arrays(runs: int, batch: int, k: int, kp: int, t: int, storage: int) ->
 
 def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef, work=None) -> None:
     """Advance every run of ``runs`` (:class:`NetRuns`, in place) by ``hyp.n_steps`` steps on
-    numba's threads (:func:`dynamics.run_threads.over_runs`); V (I, k, t) teacher rows, ident (I,)
+    numba's threads (:func:`dynamics.runtime.run_threads.over_runs`); V (I, k, t) teacher rows,
+    ident (I,)
     V = [I, 0], λ (I, k) per instance; checkpoints into ``rec``. The loss stop rule reads
     ``teacher_term`` (I,) λᵀK(VVᵀ)λ and K's coefficients ``coef`` (``hyp.kernel_mode``).
     ``work``: the runs' :func:`work_arrays` (fresh ones if None)."""

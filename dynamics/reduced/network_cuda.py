@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 from numba import cuda
 
-from .network_chain import NetWork, _run_one, work_arrays
+from dynamics.reduced.network_chain import NetWork, _run_one, work_arrays
 
 __all__ = ["advance_network", "THREADS_PER_BLOCK"]
 

@@ -9,13 +9,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from hermite.activations_numba import compiled_activation
-
-from ..config import RunConfig
-from ..sampling import run_seed
-from ..trajectory import RunResult, Trajectory, checkpoint_steps
-from .exact_chain import ExactChain
-from .network_chain import (
+from dynamics.randomness.sampling import run_seed
+from dynamics.reduced.exact_chain import ExactChain
+from dynamics.reduced.network_chain import (
     STOP_KINDS,
     NetRecords,
     NetRuns,
@@ -26,8 +22,11 @@ from .network_chain import (
     storage_width,
     work_arrays,
 )
-from .params import distinct
-from .segments import ChainRun, run_to_end
+from dynamics.reduced.params import distinct
+from dynamics.reduced.segments import ChainRun, run_to_end
+from dynamics.runtime.trajectory import RunResult, Trajectory, checkpoint_steps
+from dynamics.setup.config import RunConfig
+from hermite.activations_numba import compiled_activation
 
 __all__ = ["NetworkChain", "NetworkRun", "ChainStart", "loss_levels_supported",
            "kernel_series"]
@@ -45,8 +44,8 @@ class ChainStart:
     """
 
     def __init__(self, config: RunConfig, instances):
-        from ..learners import get_learner
-        from ..learners.problem import Problem
+        from dynamics.learners import get_learner
+        from dynamics.learners.problem import Problem
 
         self.config, self.instances = config, list(instances)
         cls = get_learner(config.learner)
@@ -80,7 +79,7 @@ class ChainStart:
     def loss(self) -> np.ndarray:
         """(R,) the runs' exact population loss now (unit rows: the learner module's
         ``exact_loss``)."""
-        from ..learners.network import exact_loss
+        from dynamics.learners.network import exact_loss
 
         cross, gram = self.overlaps()
         return exact_loss(self.instances, cross[:, None], gram[:, None],
@@ -144,7 +143,7 @@ class NetworkChain(ExactChain):
         why = compiled_activation_missing(inst, "network")
         if why:
             return False, why
-        from ..learners import get_learner
+        from dynamics.learners import get_learner
 
         k, d = int(inst["k"]), int(inst["d"])
         width = get_learner(config.learner).neurons(config, k)
@@ -180,7 +179,7 @@ class NetworkChain(ExactChain):
         args = (hyp, start.V, start.ident, start.lam, run_state, rec, start.teacher_term,
                 start.kernel[1])
         if backend == "numba-cuda":
-            from .network_cuda import advance_network as advance_cuda
+            from dynamics.reduced.network_cuda import advance_network as advance_cuda
 
             advance_cuda(*args)
         else:
@@ -298,7 +297,7 @@ class NetworkRun(ChainRun):
                 NetRecords(cp, rec["cross"], rec["gram"], rec["lam_hat"]), start.teacher_term,
                 start.kernel[1])
         if self.backend == "numba-cuda":
-            from .network_cuda import advance_network as advance_cuda
+            from dynamics.reduced.network_cuda import advance_network as advance_cuda
 
             advance_cuda(*args, work=work)
         else:
@@ -329,11 +328,10 @@ def loss_levels_supported(config, instance) -> tuple[bool, str]:
 def kernel_series(activation) -> tuple[int, np.ndarray, float]:
     """(mode, coefficients, error bound) of the dual kernel K for the kernel's loss rule:
     a polynomial σ's exact power series Σ μₚ²ρᵖ, else the certified Chebyshev interpolant in
-    θ = arccos ρ (``hermite.kernels.kernel_interpolant``)."""
+    θ = arccos ρ (``hermite.expansion.kernels.kernel_interpolant``)."""
     import hermite
-    from hermite.kernels import kernel_interpolant
-
-    from .network_chain import KERNEL_MODES
+    from dynamics.reduced.network_chain import KERNEL_MODES
+    from hermite.expansion.kernels import kernel_interpolant
 
     degree = getattr(getattr(activation, "theory", activation), "polynomial_degree", None)
     if degree is not None:
@@ -345,7 +343,7 @@ def kernel_series(activation) -> tuple[int, np.ndarray, float]:
 
 
 def _learner(config):
-    from ..learners import get_learner
+    from dynamics.learners import get_learner
 
     return get_learner(config.learner)
 
@@ -356,7 +354,7 @@ BACKENDS = ("numba", "numba-cuda")
 def _check_backend(config, backend) -> str:
     """The backend: ``numba`` (CPU) or ``numba-cuda`` (one thread per run; the default when
     the config's device is CUDA)."""
-    from ..sampling import resolve_device
+    from dynamics.randomness.sampling import resolve_device
 
     device = resolve_device(config.device).type
     if backend is None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..instance import Instance
+from dynamics.instances.instance import Instance
 
 __all__ = ["ChainParams", "pack_instances", "distinct", "split_flat", "join_flat"]
 

@@ -45,12 +45,11 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from dynamics.reduced import _rng
+from dynamics.reduced._drive import DIVERGED, HIT, RUNNING, drive
+from dynamics.reduced.params import split_flat
+from dynamics.runtime.run_threads import over_runs
 from hermite.activations_numba import sigma, sigma_and_deriv
-
-from ..run_threads import over_runs
-from . import _rng
-from ._drive import DIVERGED, HIT, RUNNING, drive
-from .params import split_flat
 
 __all__ = ["RETRACTIONS", "RankHyper", "RankInst", "RankRuns", "RankRecords", "FLAT_ARGS",
            "make_rank_hyper", "init_runs", "advance_runs", "advance", "step_given", "scratch"]

@@ -14,17 +14,16 @@ import numpy as np
 import torch
 
 import hermite
+from dynamics.instances.lora_instance import run_lora_instances
+from dynamics.learners import Problem, RunResult
+from dynamics.learners.lora import LoRA
+from dynamics.randomness.sampling import run_seed
+from dynamics.reduced import rank_chain
+from dynamics.reduced.exact_chain import ExactChain
+from dynamics.reduced.params import distinct, join_flat
+from dynamics.reduced.segments import ChainRun, run_to_end
+from dynamics.runtime.trajectory import Trajectory, checkpoint_steps
 from hermite.activations_numba import act_code
-
-from ..learners import Problem, RunResult
-from ..learners.lora import LoRA
-from ..lora_instance import run_lora_instances
-from ..sampling import run_seed
-from ..trajectory import Trajectory, checkpoint_steps
-from . import rank_chain
-from .exact_chain import ExactChain
-from .params import distinct, join_flat
-from .segments import ChainRun, run_to_end
 
 __all__ = ["RankChain", "RankRun", "rank_supported", "simulate_rank_reduced",
            "start_rank_reduced", "first_passage_rank"]

@@ -21,7 +21,7 @@ follow the call (``more``) and carries its prefetched example in per-run work ar
 variable ``LORADYN_SEGMENT_STEPS=N`` fixes the length at N steps (tests).
 
 :meth:`ChainRun.run_state` / :meth:`ChainRun.load_run_state` give and take everything the
-runs need to go on (``dynamics.resume.RunState``: state arrays, records so far, divergence,
+runs need to go on (``dynamics.runtime.resume.RunState``: state arrays, records so far, divergence,
 step); the chain's start (instances, constants, initial overlaps) is rebuilt from the config.
 """
 
@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from ..progress import progress_bar
+from dynamics.runtime.progress import progress_bar
 
 __all__ = ["ChainRun", "run_to_end", "Pace", "SEGMENT_SECONDS", "FIRST_SEGMENT",
            "SEGMENT_ENV"]
@@ -138,7 +138,8 @@ class ChainRun:
                 {k: (v[:, : self.c] if v.shape[1] else v) for k, v in self.records.items()})
 
     def trajectory(self):
-        """The :class:`~dynamics.trajectory.Trajectory` of the checkpoints recorded so far."""
+        """The :class:`~dynamics.runtime.trajectory.Trajectory` of the checkpoints recorded so
+        far."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ durable state
@@ -148,8 +149,8 @@ class ChainRun:
         return f"reduced/{self.name}/{self.backend}"
 
     def run_state(self):
-        """The runs' :class:`~dynamics.resume.RunState` now (between segments)."""
-        from ..resume import RunState
+        """The runs' :class:`~dynamics.runtime.resume.RunState` now (between segments)."""
+        from dynamics.runtime.resume import RunState
 
         # copies: the kernel advances the arrays in place after this
         arrays = {f"per_run/{k}": v.copy() for k, v in self.per_run.items()}
@@ -210,7 +211,7 @@ class Pace:
 def run_to_end(run: ChainRun, *, progress: bool = False, after_segment=None,
                pace: Pace | None = None, before=None):
     """Advance ``run`` to its horizon in segments (module docstring), a progress line
-    between them (``progress``: :func:`dynamics.progress.progress_bar`); ``after_segment
+    between them (``progress``: :func:`dynamics.runtime.progress.progress_bar`); ``after_segment
     (run)`` after each segment that leaves steps to go returns True to stop there;
     ``before()`` is called once before the first segment. Returns ``run``."""
     pace = pace or Pace()

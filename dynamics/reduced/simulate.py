@@ -8,19 +8,18 @@ import math
 import numpy as np
 import torch
 
+from dynamics.measures.losses import needs_coordinates
+from dynamics.overlays.assembly import rank_one_trajectory
+from dynamics.overlays.finetune import initial_drift_sign
+from dynamics.randomness.sampling import resolve_device, resolve_dtype, run_seed
+from dynamics.reduced import _kernel, torch_chain
+from dynamics.reduced._chain import Inst, Records, Runs, make_hyper
+from dynamics.reduced.exact_chain import ExactChain, convention_supported
+from dynamics.reduced.params import ChainParams, pack_instances
+from dynamics.reduced.segments import ChainRun, run_to_end
+from dynamics.runtime.trajectory import RunResult, Trajectory, checkpoint_steps
+from dynamics.setup.config import RunConfig
 from hermite.activations_numba import act_code
-
-from ..assembly import rank_one_trajectory
-from ..config import RunConfig
-from ..losses import needs_coordinates
-from ..sampling import resolve_device, resolve_dtype, run_seed
-from ..theory_overlay import initial_drift_sign
-from ..trajectory import RunResult, Trajectory, checkpoint_steps
-from . import _kernel, torch_chain
-from ._chain import Inst, Records, Runs, make_hyper
-from .exact_chain import ExactChain, convention_supported
-from .params import ChainParams, pack_instances
-from .segments import ChainRun, run_to_end
 
 __all__ = ["ENGINE", "BACKENDS", "RankOneChain", "RankOneRun", "TorchRankOneRun",
            "reduced_supported", "simulate_resolved", "start_resolved", "simulate_reduced",
@@ -34,7 +33,7 @@ BACKENDS = ("numba", "numba-cuda", "torch")
 def _chain(config: RunConfig):
     """(the learner's exact chain or None, the learner class); ValueError for an unknown
     learner (``config.validate`` names it)."""
-    from ..learners import get_learner
+    from dynamics.learners import get_learner
 
     learner = get_learner(config.learner)
     return learner.exact_chain(), learner
@@ -44,7 +43,7 @@ def reduced_supported(config: RunConfig) -> tuple[bool, str]:
     """(True, "") when the learner's exact chain (``Learner.exact_chain``) covers ``config``,
     else (False, one-line reason): no chain, the App. B conventions, or what the chain's own
     ``supported`` names."""
-    from ..learners import LEARNERS
+    from dynamics.learners import LEARNERS
 
     chain, learner = _chain(config)
     if chain is None:
@@ -58,7 +57,7 @@ def reduced_supported(config: RunConfig) -> tuple[bool, str]:
 
 
 def _has_chain(name: str) -> bool:
-    from ..learners import get_learner
+    from dynamics.learners import get_learner
 
     return get_learner(name).exact_chain() is not None
 
@@ -168,7 +167,7 @@ def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps
     hit = np.full(runs, -1, dtype=np.int64)
     code, hp = act_code(act.name)
     if backend == "numba-cuda":  # one thread per run, every step in one launch
-        from . import cuda_kernel
+        from dynamics.reduced import cuda_kernel
 
         advance = cuda_kernel.advance_runs
     else:
@@ -198,7 +197,7 @@ def simulate_reduced(config: RunConfig, *, backend: str | None = None,
 
 
 def simulate_resolved(run) -> Trajectory:
-    """A run resolved once (:class:`~dynamics.resolve.ResolvedRun`: validated, instances
+    """A run resolved once (:class:`~dynamics.engines.resolve.ResolvedRun`: validated, instances
     built) on its learner's chain, with those instances; ValueError where the chain does
     not cover it (``--engine reduced`` asked where it is not exact)."""
     return run_to_end(start_resolved(run)).trajectory()
@@ -273,7 +272,7 @@ class RankOneRun(ChainRun):
         hyp = make_hyper(h["project"], h["joint"], h["code"], h["hp"], h["dof"], h["eta"],
                          h["eta_c"], h["batch"], h["noise_sd"], n_steps)
         if self.backend == "numba-cuda":  # one thread per run, the segment in one launch
-            from . import cuda_kernel
+            from dynamics.reduced import cuda_kernel
 
             advance = cuda_kernel.advance_runs
         else:
@@ -356,7 +355,7 @@ class TorchRankOneRun(ChainRun):
 
 
 def _trajectory(config, instances, steps, rec, div, m0, backend, device) -> Trajectory:
-    """Observables as the full engine records them (:mod:`dynamics.assembly`)."""
+    """Observables as the full engine records them (:mod:`dynamics.overlays.assembly`)."""
     coords = None
     if needs_coordinates(config):
         pw = rec["pw"] if rec["pw"] is not None else np.zeros(rec["m"].shape + (instances[0].k,))

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..activations import torch_activation
-from ._chain import M_TOL
-from .params import ChainParams
+from dynamics.activations import torch_activation
+from dynamics.reduced._chain import M_TOL
+from dynamics.reduced.params import ChainParams
 
 __all__ = ["TorchParams", "step", "advance"]
 

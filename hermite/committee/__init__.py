@@ -11,11 +11,16 @@ coordinates (:mod:`.free_coordinates`), its linearly stable fixed points
 (:mod:`.first_passage`). Derivation: docs/theory/committee.md.
 """
 
-from .first_passage import ESCAPE_OVERLAP, FirstPassage, committee_first_passage
-from .fixed_points import stable_fixed_point
-from .free_coordinates import FreeCoordinates
-from .integrals import INTEGRAL_METHODS, QUADRATURE_DEFAULTS, CommitteeIntegrals, scaled_erf
-from .ode import (
+from hermite.committee.first_passage import ESCAPE_OVERLAP, FirstPassage, committee_first_passage
+from hermite.committee.fixed_points import stable_fixed_point
+from hermite.committee.free_coordinates import FreeCoordinates
+from hermite.committee.integrals import (
+    INTEGRAL_METHODS,
+    QUADRATURE_DEFAULTS,
+    CommitteeIntegrals,
+    scaled_erf,
+)
+from hermite.committee.ode import (
     INTEGRATORS,
     LOSSES,
     ROWS,

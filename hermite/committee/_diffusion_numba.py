@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..activations_numba import sigma_and_deriv
+from hermite.activations_numba import sigma_and_deriv
 
 
 @njit(cache=True, parallel=True)

@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from .._quadrature import legendre
-from ._nested import _SHARP, TAIL
+from hermite._quadrature import legendre
+from hermite.committee._nested import _SHARP, TAIL
 
 __all__ = ["FAMILIES", "gprime_e2_compiled", "bvn_upper", "pair_moment"]
 

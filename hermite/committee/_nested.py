@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import erf, ndtr, owens_t
 
-from .._quadrature import gauss_hermite, legendre
+from hermite._quadrature import gauss_hermite, legendre
 
 __all__ = ["Factor", "semidefinite_cholesky", "nested_expectation", "TAIL"]
 

@@ -51,8 +51,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..activations_numba import compiled_activation
-from .ode import (
+from hermite.activations_numba import compiled_activation
+from hermite.committee.ode import (
     CommitteeModel,
     _check_alphas,
     _terms_batch,
@@ -132,7 +132,7 @@ def _v_eff(model: CommitteeModel, v):
 def _sums(model, code, L, z, w, v, Q, R, kicks: bool = True):
     if code is None:
         return sample_sums_numpy(model, L, z, w, v, Q, R)
-    from ._diffusion_numba import sample_sums
+    from hermite.committee._diffusion_numba import sample_sums
 
     B, K, M = v.shape[0], v.shape[1], model.M
     out = (np.empty((B, K, K)), np.empty((B, K, K)), np.empty((B, K, M)), np.empty((B, K)))

@@ -27,9 +27,9 @@ import numpy as np
 import scipy.integrate
 import scipy.optimize
 
-from .fixed_points import DRIFT_GATE, NEWTON_TOL, stable_fixed_point
-from .free_coordinates import FreeCoordinates
-from .ode import CommitteeModel, CommitteeState
+from hermite.committee.fixed_points import DRIFT_GATE, NEWTON_TOL, stable_fixed_point
+from hermite.committee.free_coordinates import FreeCoordinates
+from hermite.committee.ode import CommitteeModel, CommitteeState
 
 __all__ = ["ESCAPE_OVERLAP", "RTOL", "ATOL", "FirstPassage", "committee_first_passage"]
 

@@ -23,8 +23,8 @@ import math
 
 import numpy as np
 
-from .free_coordinates import FreeCoordinates
-from .ode import CommitteeModel, CommitteeState
+from hermite.committee.free_coordinates import FreeCoordinates
+from hermite.committee.ode import CommitteeModel, CommitteeState
 
 __all__ = ["NEWTON_TOL", "DRIFT_GATE", "stable_fixed_point"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ode import CommitteeModel, CommitteeState, committee_loss, committee_terms
+from hermite.committee.ode import CommitteeModel, CommitteeState, committee_loss, committee_terms
 
 __all__ = ["FreeCoordinates"]
 

@@ -41,10 +41,10 @@ import math
 
 import numpy as np
 
-from .._activation import resolve_activation
-from ..activations import Activation, get_activation, scaled_activation
-from . import _nested as nested
-from ._fast import gprime_e2_compiled
+from hermite._activation import resolve_activation
+from hermite.activations import Activation, get_activation, scaled_activation
+from hermite.committee import _nested as nested
+from hermite.committee._fast import gprime_e2_compiled
 
 __all__ = ["CommitteeIntegrals", "scaled_erf", "INTEGRAL_METHODS", "QUADRATURE_DEFAULTS"]
 

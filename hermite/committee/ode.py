@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.integrate
 
-from .integrals import CommitteeIntegrals, stein_i3
+from hermite.committee.integrals import CommitteeIntegrals, stein_i3
 
 __all__ = ["CommitteeState", "CommitteeModel", "CommitteeTrajectory", "DriftTerms",
            "committee_drift", "committee_terms", "committee_terms_batch", "committee_step",

@@ -17,8 +17,8 @@ import statistics
 import click
 import torch
 
-from dynamics.config import RunConfig
-from dynamics.sampling import resolve_device, resolve_dtype
+from dynamics.randomness.sampling import resolve_device, resolve_dtype
+from dynamics.setup.config import RunConfig
 from sims.bench.rates import engine_rate, sampler_rate, sampling_rate
 
 __all__ = ["command", "measure"]

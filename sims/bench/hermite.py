@@ -39,9 +39,9 @@ def _best(fn, repeat):
 def run_benchmark(k=50, pmax=60, activation="relu", n_series=1_000_000, n_direct=2_000,
                   n_numpy=200, repeat=3, ode_runs=0, ode_steps=0, seed=0) -> dict:
     """Measure evals/s of h(m) by series, direct (numba) and numpy; returns a result dict."""
-    from dynamics.instance import build_instance
+    from dynamics.instances.instance import build_instance
     from hermite import HSeries, HTable, h_direct, population_ode
-    from hermite.series import _pair_arrays, derivative_weights
+    from hermite.expansion.series import _pair_arrays, derivative_weights
 
     inst = build_instance({"activation": activation, "k": k, "xi": 1.0, "seed": seed})
     rng = np.random.default_rng(seed)

@@ -5,14 +5,14 @@ full engine (``FullRun.advance``, sampling included), so the rates compare the l
 per-step costs: O(d + k²) for rank-1 learners, O(k′d) for networks of rows (scratch,
 sparse) and for a full-rank Δ (on CPU a compiled kernel, ``network_kernel``), O(rd) for
 rank r. The ``counter streams`` row draws the examples with the counter-based ziggurat
-(``dynamics.counter_stream``) instead of torch's per-run generators.
+(``dynamics.randomness.counter_stream``) instead of torch's per-run generators.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from dynamics.config import RunConfig
+from dynamics.setup.config import RunConfig
 from sims.bench.rates import engine_rate
 
 __all__ = ["LEARNER_CASES", "learner_rows"]

@@ -7,9 +7,9 @@ import time
 
 import torch
 
-from dynamics.config import RunConfig
-from dynamics.engine import FullRun
-from dynamics.sampling import NoiseSource
+from dynamics.engines.engine import FullRun
+from dynamics.randomness.sampling import NoiseSource
+from dynamics.setup.config import RunConfig
 
 __all__ = ["engine_rate", "sampling_rate", "sampler_rate"]
 

@@ -7,7 +7,8 @@ of its size: 500 steps at d = 100 once gave 8·10¹² run-steps/s): the horizon 
 the difference reaches it, up to :data:`MAX_GROWTH` times the steps asked for, and refused
 beyond (:class:`ShortInterval`). The reduced engine is timed
 through :func:`dynamics.reduced.first_passage_reduced` with an unreachable level (pure
-stepping), the full engine through :func:`dynamics.engine.simulate_full`. All measurements of
+stepping), the full engine through :func:`dynamics.engines.engine.simulate_full`. All measurements
+of
 one call are taken in the same process, so their ratios are meaningful even on a shared host.
 """
 
@@ -30,7 +31,7 @@ class ShortInterval(ValueError):
 
 
 def _config(d, k, runs, steps, activation, engine, dtype="float64", seed=0, device="cpu"):
-    from dynamics.config import RunConfig
+    from dynamics.setup.config import RunConfig
 
     return RunConfig(instance={"activation": activation, "k": k, "d": int(d), "xi": 1.0,
                                "seed": seed},
@@ -87,7 +88,7 @@ def measure_reduced(d_values=(100, 10_000, 10_000_000), k=50, runs=256, steps=10
     "ratio_large_small": rate(max d)/rate(min d), "full": rate or None, "full_per_cpu_s",
     "reduced_at_full_d", "ratio_to_full": rate(reduced at full_d)/rate(full), settings}.
     """
-    from dynamics.engine import simulate_full
+    from dynamics.engines.engine import simulate_full
     from dynamics.reduced import first_passage_reduced
 
     def reduced(d):

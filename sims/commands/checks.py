@@ -6,11 +6,11 @@ against a second writer, :mod:`sims.io.lock`; where its size is known, checked a
 free space of its filesystem, :func:`check_run_space`, :func:`check_sweep_space`), the seeds
 (the master seed is checked by ``RunConfig.validate``; the instance seeds of every run are
 stored as int64, so spec seed (+ R − 1 with per-run instance seeds) must stay below 2⁶³), the
-memory estimate (:mod:`dynamics.budget`, a one-line refusal saying what fits) and the step
-size (:mod:`hermite.stability`: a one-line warning when η is above the SGD or ODE stability
+memory estimate (:mod:`dynamics.engines.budget`, a one-line refusal saying what fits) and the step
+size (:mod:`hermite.finite_d.stability`: a one-line warning when η is above the SGD or ODE stability
 limit). After it (:func:`health`): how many runs left the sphere (diverged: non-finite, or
 |m| > 1), how many went flat (stopped moving short of the teacher), and which theory curves
-blew up (NaN after a finite value, ``hermite.ode``).
+blew up (NaN after a finite value, ``hermite.flows.ode``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import click
 import numpy as np
 
-from dynamics.budget import check_memory
+from dynamics.engines.budget import check_memory
 from sims.io.lock import claim_outputs
 from sims.io.outputs import Input, Output, check_free_space
 
@@ -83,7 +83,7 @@ def trajectory_size(config, trajectory: bool = True) -> int:
     """At least how many bytes the trajectory file of ``config`` takes
     (:func:`sims.io.trajectory.trajectory_bytes` of its runs and checkpoints; a sweep cell
     with ``trajectory = false`` records the start only)."""
-    from dynamics.trajectory import checkpoint_steps
+    from dynamics.runtime.trajectory import checkpoint_steps
     from sims.io.trajectory import trajectory_bytes
 
     count = (checkpoint_steps(int(config.steps), int(config.checkpoints), config.spacing).size
@@ -110,10 +110,10 @@ def check_sweep_space(cells, out, option: str = "--out") -> None:
 def preflight(config, *, names: dict | None = None, instance=None):
     """The checks of ``loradyn run`` on its config before it simulates (module docstring;
     the outputs are claimed first, :func:`claim_run_outputs`), on the run resolved once here
-    (:func:`dynamics.resolve.resolve_run`: validation, instances, engine, memory;
+    (:func:`dynamics.engines.resolve.resolve_run`: validation, instances, engine, memory;
     ``instance``: the spec's, if built already), which it returns for the engine. Warnings
     are printed; problems raise a one-line ValueError naming the option."""
-    from dynamics.resolve import resolve_run
+    from dynamics.engines.resolve import resolve_run
 
     check_instance_seeds(config)
     resolved = resolve_run(config, instance=instance, names=names or RUN_NAMES)
@@ -174,7 +174,7 @@ def check_sweep(spec, out=None, *, batch: bool = True, max_batch_runs: int | Non
     :func:`sims.io.outputs.check_outputs`; a sweep file is resumed, never removed)."""
     from pathlib import Path
 
-    from dynamics.budget import MemoryBudgetError
+    from dynamics.engines.budget import MemoryBudgetError
     from sims.experiments.sweep_batch import MAX_BATCH_RUNS, plan_batches
     from sims.io.outputs import OutputError, hdf5_format
     from sims.io.sweep import cell_dir

@@ -36,7 +36,7 @@ def _emit(payload: dict, as_json: bool, human) -> None:
 
 
 def _load(spec_path):
-    from dynamics.instance import load_instance
+    from dynamics.instances.instance import load_instance
 
     return load_instance(spec_path)
 
@@ -56,7 +56,6 @@ def coeffs_cmd(activation, pmax, as_json):
     """Orthonormal Hermite coefficients μ_0..μ_pmax of an activation and Parseval residual."""
     from dynamics.activations import get_activation
     from hermite import hermite_coefficients, parseval_residual
-
     act = get_activation(activation)
     mu = hermite_coefficients(act, pmax)
     payload = {"activation": act.name, "pmax": pmax, "mu": mu.tolist(),
@@ -210,7 +209,7 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, joi
     m0 = _start_overlaps(m0_values, inst, lambda: th.h0_sign(inst) or 1)
     ck = _checkpoints(steps, checkpoints)
     table = th.HTable.for_instance(inst)
-    from hermite.stability import step_limit
+    from hermite.finite_d.stability import step_limit
 
     limit = step_limit(inst, eta, inst.d, table=table)
     if limit is not None and limit.exceeded:
@@ -400,12 +399,12 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
     """Committee-machine ODE (hermite.committee) of a network learner alone: loss and
     alignment at log-spaced steps (and α = steps/d) from run 0's initial overlaps; with
     --noise-paths the diffusion with SGD's step noise instead (its mean over the paths)."""
-    from dynamics.committee_overlay import committee_model, committee_state, integrate
-    from dynamics.config import RunConfig
     from dynamics.errors import ForeignOptionError
-    from dynamics.instance import build_instance, load_spec
+    from dynamics.instances.instance import build_instance, load_spec
     from dynamics.learners import LEARNERS, get_learner
     from dynamics.learners.options import option_names
+    from dynamics.overlays.committee import committee_model, committee_state, integrate
+    from dynamics.setup.config import RunConfig
 
     if not math.isfinite(eta) or eta <= 0:
         raise click.BadParameter(f"must be > 0, got {eta:g}", param_hint="'--eta'")

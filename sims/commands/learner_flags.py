@@ -61,8 +61,8 @@ def _flag(spec: OptionSpec):
 def given_options(ctx: click.Context, params: dict, learner: str) -> dict:
     """The learner options among ``params`` set on the command line (or by the environment),
     not left at their defaults; each must be one ``learner`` takes, whatever its value."""
-    from dynamics.config import LEARNERS, ForeignOptionError
     from dynamics.learners.options import option_specs, options_of
+    from dynamics.setup.config import LEARNERS, ForeignOptionError
 
     given = {name: value for name, value in params.items() if name in all_options()
              and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)}

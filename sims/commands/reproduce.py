@@ -90,7 +90,7 @@ def reproduce(figures, quick, out_dir, scheduler, update, readme, convention, fo
 @contextmanager
 def _claim_outputs(names, quick, out_dir, readme, convention, force):
     """Every figure's sweep file, figure and the README checked, every recipe's memory and
-    disk space too, before the first figure computes (sims.io.outputs, dynamics.budget);
+    disk space too, before the first figure computes (sims.io.outputs, dynamics.engines.budget);
     the sweep files and figures locked for the command (sims.io.lock)."""
     outputs = []
     for name in names:

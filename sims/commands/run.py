@@ -4,7 +4,7 @@
 built (:func:`parse_overrides`: the value is read as a TOML/JSON scalar or array, a bare
 word as a string; an unknown key or a malformed pair is a one-line error naming it).
 
-Interruption (issue 26; :func:`dynamics.engine.interruptible`): the first SIGINT (Ctrl-C) or
+Interruption (issue 26; :func:`dynamics.engines.engine.interruptible`): the first SIGINT (Ctrl-C) or
 SIGTERM stops the full engine at its next chunk end, the reduced engine at its next segment
 end (about half a second); the checkpoints reached so far are written to --out as a
 complete, checksummed trajectory file marked ``interrupted`` (``loradyn show`` says so), the
@@ -40,21 +40,21 @@ import warnings
 import click
 import numpy as np
 
-from dynamics.audit import audit_trajectory
-from dynamics.config import ENGINES, LEARNERS, STREAMS, RunConfig
-from dynamics.defaults import (
+from dynamics.engines.choice import engine_reason
+from dynamics.engines.engine import interruptible, simulate
+from dynamics.instances.instance import SPEC_KEYS, SpecError, build_instance, load_spec
+from dynamics.learners import get_learner
+from dynamics.learners.registry import default_learner
+from dynamics.overlays.audit import audit_trajectory
+from dynamics.runtime.resume import Checkpointer
+from dynamics.setup.config import ENGINES, LEARNERS, STREAMS, RunConfig
+from dynamics.setup.defaults import (
     ETA_C,
     FALLBACK_PER_D,
     default_eta,
     default_steps,
     has_population_ode,
 )
-from dynamics.engine import interruptible, simulate
-from dynamics.engine_choice import engine_reason
-from dynamics.instance import SPEC_KEYS, SpecError, build_instance, load_spec
-from dynamics.learners import get_learner
-from dynamics.learners.registry import default_learner
-from dynamics.resume import Checkpointer
 from sims.commands.checks import (
     blowup_lines,
     check_run_space,
@@ -127,7 +127,7 @@ def _name_override(exc: SpecError, overrides: dict) -> None:
 
 def run_config(spec_path, *, eta, steps, spec: dict | None = None, base=None,
                **options) -> tuple[RunConfig, list[str]]:
-    """Build the RunConfig (validated by :func:`dynamics.resolve.resolve_run`, in the
+    """Build the RunConfig (validated by :func:`dynamics.engines.resolve.resolve_run`, in the
     pre-flight checks); ``eta``/``steps`` None → defaults (noted in the list).
     ``spec``/``base``: the spec dict and its instance when the caller has them already."""
     spec = load_spec(spec_path) if spec is None else spec
@@ -164,7 +164,8 @@ def summary_json(traj) -> dict:
     """{"steps", "overlap_mean", "overlap_std", "ode"[, "ode_corrected"]} over non-diverged
     runs (null for NaN), plus the loss and every recorded quantity's summary
     (:func:`sims.io.summary.quantity_summaries`) and, keyed by the theory dataset, the theory
-    audit (``audit``: :meth:`dynamics.audit.Audit.as_json`, the numbers the file stores)."""
+    audit (``audit``: :meth:`dynamics.overlays.audit.Audit.as_json`, the numbers the file
+    stores)."""
     ok = ~traj.diverged
     ov = traj.overlap[ok] if ok.any() else np.full((1, traj.steps.size), np.nan)
     with warnings.catch_warnings():
@@ -207,7 +208,7 @@ def _summary_line(traj, notes) -> str:
 
 def _audit_lines(traj) -> list[str]:
     """One line per theory line: its audit against the SGD mean (issue 40; the numbers the
-    file stores, :mod:`dynamics.audit`)."""
+    file stores, :mod:`dynamics.overlays.audit`)."""
     return [audit.text() for audit in audit_trajectory(traj).values()]
 
 

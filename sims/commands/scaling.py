@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dynamics.config import ENGINES
+from dynamics.setup.config import ENGINES
 from sims.commands.checks import check_sweep
 from sims.commands.sweep import default_out
 from sims.experiments.scaling import (

@@ -1,6 +1,6 @@
 """``loradyn sweep SPEC.toml``: run a grid of cells into one resumable HDF5 sweep file.
 
-On SIGINT (Ctrl-C) or SIGTERM the sweep stops at once (:func:`dynamics.engine.interruptible`
+On SIGINT (Ctrl-C) or SIGTERM the sweep stops at once (:func:`dynamics.engines.engine.interruptible`
 with ``keep=False``): the batch in flight is dropped, the finished cells stay (each written
 atomically, the sweep file rebuilt from them), one line gives the count and the exact command
 that resumes it (``interrupted: 3 of 8 cells written; resume with: loradyn sweep SPEC.toml
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from dynamics.engine import interruptible
+from dynamics.engines.engine import interruptible
 from sims.commands.checks import check_sweep
 from sims.experiments.sweep import SweepInterrupted, adopt_file_defaults, run_sweep
 from sims.experiments.sweep_batch import MAX_BATCH_RUNS

@@ -9,7 +9,8 @@ every theory line against the SGD mean of its runs, as the cells store it; issue
 A target of ``MEASUREMENTS`` (``separation``: Claim 2 / Theorem 19, issue 38) is no sweep: its
 module measures, writes ``<out_dir>/<name>[_quick].h5`` and draws the ``.png``.
 
-``convention`` is the instance key of ``dynamics.instance``: ``unit`` (default: the theory's
+``convention`` is the instance key of ``dynamics.instances.instance``: ``unit`` (default: the
+theory's
 unit rows, no file suffix) or App. B's ``appB`` / ``appB-sqrt`` model
 f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩), vᵢ = s (wᵢ + ξcᵢu), set in every cell's instance
 (:func:`~sims.experiments.figures.recipe.with_convention`); these run only the
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynamics.audit import Audit, fmt_value, stored_audits
+from dynamics.overlays.audit import Audit, fmt_value, stored_audits
 from sims.experiments.figures import FIGURES, Recipe
 from sims.experiments.figures import separation as separation_target
 from sims.experiments.figures.recipe import CONVENTION_TEXT, convention_caption, with_convention
@@ -253,7 +254,7 @@ def _audit_row(label: str, audit: Audit) -> tuple:
 
 
 def audit_table(h5, name: str = "") -> list[str]:
-    """The theory audit of a sweep file (:mod:`dynamics.audit`): a header, one row per cell
+    """The theory audit of a sweep file (:mod:`dynamics.overlays.audit`): a header, one row per cell
     and theory line (max |Δ| = max over checkpoints of |mean over runs of SGD − theory|, its
     step, the largest |Δ|/SE, the median first-passage ratio t½(SGD)/t½(theory), the runs
     used, the verdict against max(4 SE, 0.03) (losses: 0.03·|SGD mean|)) and the count

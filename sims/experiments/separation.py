@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 import hermite
-from dynamics.config import RunConfig
-from dynamics.instance import build_instance
+from dynamics.instances.instance import build_instance
 from dynamics.reduced import first_passages_reduced
 from dynamics.reduced.network_simulate import NetworkChain
+from dynamics.setup.config import RunConfig
 from sims.experiments.fit import censored_median, fit_power_law
 
 __all__ = ["LEVEL", "LEARNERS", "FORMAT", "SeparationSpec", "SeparationResult", "Series",
@@ -137,7 +137,7 @@ def ode_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon: fl
     η̄ = η·d with η = c/d^{p/2}: the first step where some |cos(ŵⱼ, vᵢ)| reaches 0.5. Its
     first passage of L* is no law here: from most starts the ODE comes to rest at a spurious
     fixed point above L* (loss ≈ 1.2–1.5), which SGD leaves."""
-    from dynamics.committee_overlay import committee_model, committee_state
+    from dynamics.overlays.committee import committee_model, committee_state
     from dynamics.reduced.network_simulate import ChainStart
     from hermite.committee import committee_first_passage
 

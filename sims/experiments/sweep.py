@@ -7,7 +7,7 @@ combined file after every finished batch. Finished cells that belong to no cell 
 file (the file was edited) make it refuse, unless ``update`` (then they are kept on disk, left
 out of the combined file, and the changed cells are computed).
 
-An interruption (KeyboardInterrupt, or :class:`dynamics.engine.Interrupted` for SIGTERM)
+An interruption (KeyboardInterrupt, or :class:`dynamics.engines.engine.Interrupted` for SIGTERM)
 drops the batch in flight, rebuilds the combined file from the cells finished so far and is
 raised again as :class:`SweepInterrupted` (how many cells are written, of how many; the
 signal), which ``loradyn sweep`` turns into one line naming the command that resumes it.
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import h5py
 
-from dynamics.engine import raise_if_signalled
-from dynamics.progress import progress_bar
+from dynamics.engines.engine import raise_if_signalled
+from dynamics.runtime.progress import progress_bar
 from sims.experiments.sweep_batch import MAX_BATCH_RUNS, plan_batches, run_batch
 from sims.experiments.sweep_spec import SweepSpec
 from sims.io.sweep import (

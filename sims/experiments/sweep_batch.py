@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dynamics.config import RunConfig
-from dynamics.trajectory import Trajectory
+from dynamics.runtime.trajectory import Trajectory
+from dynamics.setup.config import RunConfig
 from sims.experiments.sweep_spec import Cell
 from sims.io.split import split_trajectory
 
@@ -107,7 +107,7 @@ def _batch(cells: list[Cell]) -> Batch:
 
 def run_batch(batch: Batch, progress: bool = False) -> list[Trajectory]:
     """Simulate a batch; one Trajectory per cell (exact first passages in ``extra``)."""
-    from dynamics.engine import choose_engine, simulate
+    from dynamics.engines.engine import choose_engine, simulate
 
     config = batch.config
     if batch.cells[0].trajectory:

@@ -5,7 +5,7 @@ table (or a path to an instance spec file), an ``[axes]`` table (axis name → l
 and optionally ``[[cases]]`` (an explicit list of partial settings, one more dimension of the
 grid) and ``[sweep]`` (name, exact first-passage levels). The cells are the Cartesian product
 of the axes (in file order) and the cases; each resolves to a validated
-:class:`~dynamics.config.RunConfig` and a content hash that identifies its results.
+:class:`~dynamics.setup.config.RunConfig` and a content hash that identifies its results.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import tomllib
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
-from dynamics.config import RunConfig
-from dynamics.instance import SPEC_KEYS, load_spec
+from dynamics.instances.instance import SPEC_KEYS, load_spec
 from dynamics.learners import get_learner
 from dynamics.learners.options import all_options
+from dynamics.setup.config import RunConfig
 
 __all__ = [
     "SweepSpecError",

@@ -233,7 +233,7 @@ def check_free_space(option: str, path, need: int) -> None:
     except OSError:
         return  # the write itself will say what is wrong
     if need > free:
-        from dynamics.budget import format_bytes
+        from dynamics.engines.budget import format_bytes
 
         raise OutputError(f"{option} {path} needs at least {format_bytes(need)}, only "
                           f"{format_bytes(free)} free on {folder}; free some space or choose "

@@ -2,7 +2,8 @@
 
 Beside its output ``OUT`` (``results/x.h5``), a run keeps ``OUT.resume`` (``results/x.h5.resume``):
 an HDF5 file written atomically and fsynced (:func:`sims.io.atomic.hdf5_writer`) every few
-minutes of wall time (:class:`dynamics.resume.Checkpointer`) and when a signal stops the run;
+minutes of wall time (:class:`dynamics.runtime.resume.Checkpointer`) and when a signal stops the
+run;
 removed when the run finishes. ``loradyn run … --resume`` (the same command plus the flag)
 continues from it to the numbers of an uninterrupted run.
 
@@ -14,7 +15,7 @@ sha256 of that config and of each input file the config only names, e.g. ``init_
 ``step`` of ``total`` steps, ``reached`` of ``checkpoints`` checkpoints recorded, ``runs``,
 ``out`` (the output it belongs to), ``command`` (the command line, where known), ``values``
 (JSON) and ``complete`` (written last); the group ``state`` holds the engine's arrays
-(:class:`dynamics.resume.RunState`: learner or chain state, the random streams' state,
+(:class:`dynamics.runtime.resume.RunState`: learner or chain state, the random streams' state,
 divergence, records so far), each with a Fletcher-32 checksum.
 
 :func:`load_resume` reads one back for ``--resume`` and checks it against the command: a
@@ -33,7 +34,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from dynamics.resume import ResumeError, RunState
+from dynamics.runtime.resume import ResumeError, RunState
 from sims.io.atomic import hdf5_writer
 from sims.io.trajectory import (
     TrajectoryFileError,

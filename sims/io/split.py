@@ -6,7 +6,7 @@ from dataclasses import fields, replace
 
 import numpy as np
 
-from dynamics.trajectory import Trajectory
+from dynamics.runtime.trajectory import Trajectory
 
 __all__ = ["split_trajectory"]
 

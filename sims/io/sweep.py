@@ -26,7 +26,7 @@ from pathlib import Path
 
 import h5py
 
-from dynamics.trajectory import Trajectory
+from dynamics.runtime.trajectory import Trajectory
 from sims.io.atomic import hdf5_writer
 from sims.io.lock import output_lock
 from sims.io.trajectory import (

@@ -10,11 +10,12 @@ never leaves a file that looks complete and never destroys an existing good one.
 Every array is stored chunked with a Fletcher-32 checksum (issue 16): a file whose bytes were
 damaged inside a dataset fails to read with a one-line :class:`TrajectoryFileError` naming the
 file and the dataset, instead of reading back wrong numbers. Files written before (contiguous,
-no checksum) read as before. A theory curve that blew up (``hermite.ode``: NaN after a finite
+no checksum) read as before. A theory curve that blew up (``hermite.flows.ode``: NaN after a finite
 value, in runs that did not diverge there) carries the attributes ``blowup_runs`` and
 ``blowup_step`` (the first checkpoint step that is NaN). Every theory line that has an SGD
 quantity to predict carries its audit against the SGD mean of the same runs
-(:mod:`dynamics.audit`, issue 40): the attributes ``audit_*`` (:data:`dynamics.audit.ATTRS`),
+(:mod:`dynamics.overlays.audit`, issue 40): the attributes ``audit_*``
+(:data:`dynamics.overlays.audit.ATTRS`),
 read back into ``Trajectory.extra_attrs``.
 
 An OS error while writing (no space, permission, read-only filesystem, quota, I/O error) is
@@ -38,10 +39,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from dynamics.audit import ATTRS as AUDIT_ATTRS
-from dynamics.audit import audit_trajectory
-from dynamics.instance import distinct_instances
-from dynamics.trajectory import Trajectory
+from dynamics.instances.instance import distinct_instances
+from dynamics.overlays.audit import ATTRS as AUDIT_ATTRS
+from dynamics.overlays.audit import audit_trajectory
+from dynamics.runtime.trajectory import Trajectory
 from sims.io.atomic import hdf5_writer
 
 __all__ = [
@@ -164,9 +165,9 @@ def write_array(f: h5py.File, name: str, data) -> None:
 
 
 def blowups(traj: Trajectory) -> dict:
-    """Theory curves that blew up (``hermite.ode``: NaN after a finite value) in runs that did
+    """Theory curves that blew up (``hermite.flows.ode``: NaN after a finite value) in runs that did
     not diverge there: name → (runs, first checkpoint step)."""
-    from hermite.ode import blowup_index
+    from hermite.flows.ode import blowup_index
 
     out = {}
     for name in ("ode", "ode_corrected", "band_lower", "band_upper"):

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dynamics.trajectory import Trajectory
+from dynamics.runtime.trajectory import Trajectory
 from sims.io.sweep import SWEEP_FORMAT, file_format, read_sweep
 from sims.io.trajectory import DATASETS, FORMAT, read_trajectory
 
@@ -241,7 +241,7 @@ def _renamed(name: str, dims, axes) -> str:
 # ---------------------------------------------------------------- public entry points
 def to_dataset(source, meta: dict | None = None):
     """An :class:`xarray.Dataset` from a trajectory or sweep file path, or from a
-    :class:`~dynamics.trajectory.Trajectory` (with the ``meta`` that
+    :class:`~dynamics.runtime.trajectory.Trajectory` (with the ``meta`` that
     :func:`sims.io.read_trajectory` returned, optionally).
 
     Example::

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dynamics.trajectory import Trajectory
+from dynamics.runtime.trajectory import Trajectory
 from sims.io.atomic import atomic_file
 from sims.io.sweep import SWEEP_FORMAT, file_format, read_sweep
 from sims.io.trajectory import read_trajectory
@@ -744,7 +744,7 @@ def no_theory_reason(curve: Curve, quantity: str = "overlap") -> str | None:
     regime += ["unprojected û"] if cfg.get("project") is False else []
     if regime:
         return (f"{', '.join(regime)}: the file records no population ODE (it predates "
-                "hermite.finetune_population; a run made now records it)")
+                "hermite.finetune.population; a run made now records it)")
     if learner and not _has_population_ode(learner):
         return f"the {learner} learner has no population ODE"
     if traj.diverged.all():
@@ -806,8 +806,8 @@ def _left_out(curves, quantity: str, keys) -> list[tuple[str, str]]:
 def left_out_notes(curves, quantity: str = "overlap", label_keys=None) -> list[str]:
     """Why a theory line of ``quantity`` is missing where its file says so, once each: the
     ``LEFT_OUT`` attributes of the quantity's theory datasets (a line over its cost budget,
-    one whose integration failed: dynamics.theory_overlay.finetune_theory, the committee ODE
-    failed from some or all starts: dynamics.committee_overlay); ``band`` only where the
+    one whose integration failed: dynamics.overlays.finetune.finetune_theory, the committee ODE
+    failed from some or all starts: dynamics.overlays.committee); ``band`` only where the
     quantity draws a band. A reason that holds for only some of ``curves`` names them
     (``for A; B: REASON``, by ``label_keys``, default: the attributes that vary)."""
     keys = legend_keys(curves) if label_keys is None else label_keys

@@ -117,9 +117,9 @@ class Passage:
 
 def _finetune_setting(curve: Curve):
     """(instance, RunConfig) of a fine-tuning curve, or (None, reason)."""
-    from dynamics.config import RunConfig
-    from dynamics.instance import build_instance
+    from dynamics.instances.instance import build_instance
     from dynamics.learners import get_learner
+    from dynamics.setup.config import RunConfig
 
     cfg = curve.config or {}
     if not cfg:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from dynamics.trajectory import Trajectory
+from dynamics.runtime.trajectory import Trajectory
 
 from .curves import (
     Curve,

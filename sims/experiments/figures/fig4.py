@@ -5,7 +5,7 @@ import math
 from sims.experiments.figures.recipe import CONVENTION, Panel, Recipe, unit_row_instance
 
 ACTIVATIONS = ("relu", "sigmoid", "quadratic", "he3")
-# η·d and steps/d per (activation, ξ = 1 | √k): dynamics.defaults.choose_c / default_steps on
+# η·d and steps/d per (activation, ξ = 1 | √k): dynamics.setup.defaults.choose_c / default_steps on
 # seed-0 instances of each size, rounded, the horizon lengthened for joint, unprojected runs;
 # sigmoid (σ′ ≤ 1/4: small drift, small noise) at the largest c that stays stable here
 QUICK = {("relu", 1): (0.04, 400), ("relu", 2): (0.012, 150),

@@ -13,13 +13,13 @@ _DRAWS = ("wᵢ i.i.d. uniform on S^{d−1} (W = separated), c and ĉ i.i.d. uni
 CONVENTION = ("theory's unit-row model (docs/model.md): vᵢ = (wᵢ + ξcᵢu)/‖wᵢ + ξcᵢu‖, "
               + _DRAWS + "; not App. B's (1/ξ)·k/(k+ξ²) scaling")
 _APPB = ("; rows are not unit vectors: the dashed line is the plain O(η) population ODE "
-         "of these rows (hermite.finetune_population, no finite-d correction), the loss is "
-         "exact (Gaussian pair kernel of rows of any norm, hermite.finetune_population) and "
+         "of these rows (hermite.finetune.population, no finite-d correction), the loss is "
+         "exact (Gaussian pair kernel of rows of any norm, hermite.finetune.population) and "
          "the finetune learner runs on the full engine. η is the "
          "recipe's, tuned for unit rows: to first order (∂f/∂u = s Σᵢ cᵢσ′ x against "
          "ξΣᵢ cᵢσ′ x/Nᵢ) the drift of û at equal η is slower than with unit rows by ")
 _SLOWER = {"appB": "≈ ξ²(k+ξ²)/k (≈ 1 at ξ = 1, 2k at ξ = √k)", "appB-sqrt": "≈ ξ²"}
-# instance key ``convention`` (dynamics.instance) → the caption's convention sentence
+# instance key ``convention`` (dynamics.instances.instance) → the caption's convention sentence
 CONVENTION_TEXT = {
     "unit": CONVENTION,
     "appB": ("App. B's simulation model as printed (instance convention = appB): "
