@@ -21,40 +21,13 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from dynamics.engines.engine import simulate
-from dynamics.setup.config import RunConfig
+from sims.experiments.given_start import run
 
 ALPHAS = (0.5, 1, 2, 5, 10, 20, 30, 40)
-
-
-def start_rows(d: int) -> np.ndarray:
-    """The start (module docstring), k′ × d, canonical frame."""
-    rows = np.zeros((2, d))
-    rows[0, :4] = (0.35, 0.25, 0.5, 0.0)
-    rows[1, :4] = (0.25, 0.35, 0.0, 0.5)
-    return rows
-
-
-def run(d: int, runs: int, alpha_max: float, seed: int, folder: Path):
-    path = folder / f"start_{d}.npy"
-    np.save(path, start_rows(d))
-    spec = {"activation": "erf(x/sqrt2)", "teacher": "committee", "k": 2, "d": d,
-            "W": "orthonormal"}
-    config = RunConfig(spec, learner="scratch", eta=0.5 / d, steps=int(alpha_max * d),
-                       runs=runs, seed=seed, checkpoints=200, spacing="log", rows="free",
-                       init_rows=str(path), init_frame="canonical",
-                       streams="counter").validate()
-    t0 = time.perf_counter()
-    traj = simulate(config)
-    alpha = traj.steps / d
-    ode = traj.extra["ode_loss"][0]
-    sgd = traj.loss
-    return alpha, ode, sgd, time.perf_counter() - t0
 
 
 def main(argv=None):

@@ -271,8 +271,7 @@ def test_second_moment_against_monte_carlo():
 @pytest.mark.parametrize("act,conv", CASES)
 def test_compiled_second_moment_equals_numpy(act, conv):
     """The compiled QMC average (hermite.finetune._second_moment_numba) is the numpy one to
-    rounding,
-    projected and not, with label noise, for every σ with a numba code."""
+    rounding, projected and not, with label noise, for every σ with a numba code."""
     inst = _instance(act, conv, d=40)
     for project in (True, False):
         p, mu, dc = _state(project, runs=5, seed=8)

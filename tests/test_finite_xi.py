@@ -1,6 +1,5 @@
 """hermite.finetune.finite_xi (docs/theory/finite-xi.md): the sample increments behind the step
-noise
-V average to the analytic drift (Price's theorem, an independent derivation), and the
+noise V average to the analytic drift (Price's theorem, an independent derivation), and the
 closure flow with its fluctuation terms off is the population ODE (BDF)."""
 
 from __future__ import annotations

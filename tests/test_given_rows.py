@@ -6,7 +6,6 @@ same run written in either frame, and one-line errors for bad files."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -277,15 +276,13 @@ def test_config_errors_name_the_option(tmp_path):
 
 
 def test_sgd_from_one_given_start_tracks_its_ode_as_d_grows(tmp_path):
-    """All runs from the same rows (benchmarks/given_start.py, smaller): the SGD mean is
+    """All runs from the same rows (sims.experiments.given_start, smaller): the SGD mean is
     within 4 SE of the one theory curve, and the per-run gap shrinks from d = 100 to 400.
     At η·d = 0.5 the curve is the diffusion's mean over 256 paths (its own Monte Carlo
     error ≈ the runs' spread/√256, counted in the SE); measured max |z| 3.9 and 2.3 (the
     deterministic ODE: 3.3 and 2.3)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "given_start.py"
-    spec = importlib.util.spec_from_file_location("given_start", path)
-    given_start = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(given_start)
+    from sims.experiments import given_start
+
     rms = []
     for d in (100, 400):
         alpha, ode, sgd, _ = given_start.run(d, 24, 5.0, 2, tmp_path)

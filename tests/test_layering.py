@@ -170,3 +170,73 @@ def test_listed_help_is_each_commands_own():
         assert listed == command.get_short_help_str(limit=10_000), name
         assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0
     assert cli.get_command(None, "nope") is None
+
+
+# ---------------------------------------------------------------- rooms (issue 36)
+#: each package's rooms from the bottom up: a module imports only from its own room, the
+#: package root or a room of a lower rank (rooms of the same rank never import each other)
+_ROOMS = {
+    "dynamics": {"": 0, "runtime": 1, "randomness": 1, "geometry": 1, "instances": 2,
+                 "measures": 3, "overlays": 4, "learners": 5, "setup": 6, "reduced": 7,
+                 "engines": 8},
+    "hermite": {"": 0, "expansion": 1, "committee": 1, "flows": 2, "finite_d": 3,
+                "finetune": 4},
+}
+_ROOT_MODULES = {"dynamics": 6, "hermite": 8}
+
+
+def _room(mod: str) -> tuple[str, str]:
+    pkg, _, rest = mod.partition(".")
+    head, _, tail = rest.partition(".")
+    return pkg, head if tail or (_ROOT / pkg / head).is_dir() else ""
+
+
+def test_rooms_are_known_and_root_is_small():
+    """Every folder of dynamics/ and hermite/ is a room of the table above (a new folder is
+    placed in the order on purpose), and each root keeps only what its package shares."""
+    for pkg, rooms in _ROOMS.items():
+        folders = {p.name for p in (_ROOT / pkg).iterdir()
+                   if p.is_dir() and (p / "__init__.py").exists()}
+        assert folders == set(rooms) - {""}, pkg
+        root = sorted(p.name for p in (_ROOT / pkg).glob("*.py"))
+        assert len(root) <= _ROOT_MODULES[pkg], (pkg, root)
+
+
+def test_rooms_name_their_contents():
+    """Each room's docstring says what lives there: every public module of the folder is
+    named in it (by its file stem), and so is what it may import."""
+    missing = []
+    for pkg, rooms in _ROOMS.items():
+        for room in set(rooms) - {""}:
+            init = _ROOT / pkg / room / "__init__.py"
+            doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+            assert doc, f"{pkg}/{room} has no docstring"
+            for path in sorted((_ROOT / pkg / room).glob("*.py")):
+                if not path.stem.startswith("_") and path.stem not in doc:
+                    missing.append(f"{pkg}/{room}: {path.stem}")
+    assert not missing, "modules a room's docstring does not name:\n" + "\n".join(missing)
+
+
+def test_rooms_import_only_downward():
+    bad = []
+    for mod, targets in _import_graph().items():
+        pkg, room = _room(mod)
+        if pkg not in _ROOMS:
+            continue
+        rank = _ROOMS[pkg][room]
+        for t in targets:
+            tpkg, troom = _room(t)
+            if tpkg != pkg or troom == room or t == pkg:
+                continue
+            if troom and _ROOMS[pkg][troom] >= rank or not troom and room == "" and t != pkg:
+                bad.append(f"{mod} ({room or 'root'}) → {t} ({troom or 'root'})")
+    assert not bad, "imports from a room to one above it or beside it:\n" + "\n".join(bad)
+
+
+def test_library_tests_load_no_benchmark_script():
+    """A measurement the library's tests need lives in the library: only a benchmark's own
+    test (``test_<name>_benchmark.py``) may load a script of benchmarks/."""
+    bad = [p.name for p in sorted((_ROOT / "tests").glob("test_*.py"))
+           if not p.stem.endswith("_benchmark") and p.resolve() != Path(__file__).resolve()
+           and '"benchmarks"' in p.read_text("utf-8")]
+    assert not bad, bad

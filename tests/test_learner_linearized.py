@@ -3,9 +3,7 @@ and steps against autograd: ``test_learner_protocol``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -382,10 +380,8 @@ def test_unsupported_settings_are_config_errors(opts, field):
 def test_fig3a_scaled_down_linearized_plateaus_while_finetuning_recovers():
     """ReLU, ξ = √k, ĉ joint: fine-tuning reaches ⟨û,u⟩ > 0.95, while the linearized model's
     true loss stays above 10× fine-tuning's final loss at every checkpoint."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fig3a_check.py"
-    spec = importlib.util.spec_from_file_location("fig3a_check", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from sims.experiments import linearized_plateau as bench
+
     res = bench.measure(bench.configs(d=100, k=8, runs=2, eta_times_d=0.15, steps_per_d=200,
                                       seed=0, checkpoints=20))
     assert np.all(res["ft_final_overlap"] > 0.95), res["ft_final_overlap"]

@@ -1,5 +1,9 @@
-"""Running a config: which engine takes it (:mod:`~dynamics.engines.choice`), what it costs
-(:mod:`~dynamics.engines.budget`), the run resolved once (:mod:`~dynamics.engines.resolve`)
-and ``simulate`` itself with the full engine (:mod:`~dynamics.engines.engine`). The top room:
-imports ``reduced``, ``setup`` and everything below; nothing in ``dynamics`` imports it.
+"""Running a config; the top room (nothing else in ``dynamics`` imports it).
+
+- ``choice``: which engine runs a config (``full``, ``reduced``, ``auto``);
+- ``budget``: what a run will cost in memory, before anything is allocated;
+- ``resolve``: a run resolved once (instances, engine, checks) before any compute;
+- ``engine``: ``simulate(config) -> Trajectory`` and the full batched engine.
+
+Imports ``reduced``, ``setup`` and every room below them.
 """

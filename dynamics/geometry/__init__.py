@@ -1,3 +1,7 @@
-"""Geometry of the student's directions: the unit sphere (û) and the Stiefel manifold (rank-r
-frames). Imports only the ``dynamics`` root.
+"""Geometry of the student's directions, geoopt-style.
+
+- ``sphere``: the unit sphere (û: projection, retraction);
+- ``stiefel``: the Stiefel manifold St(n, r) (rank-r frames Û).
+
+Imports only the ``dynamics`` root.
 """

@@ -10,8 +10,7 @@ Small functions on the last two axes (leading axes broadcast: run, batch), compo
   positive diagonal (Cholesky-QR; exact in exact arithmetic).
 
 At r = 1 both reduce to the sphere's ``projx(x + v)`` (:mod:`dynamics.geometry.sphere`). A
-Riemannian
-SGD step is ``retr(X, −η proju(X, G))`` for a Euclidean gradient G.
+Riemannian SGD step is ``retr(X, −η proju(X, G))`` for a Euclidean gradient G.
 """
 
 from __future__ import annotations

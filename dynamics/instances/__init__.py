@@ -1,3 +1,7 @@
-"""The problem instances: the rank-1 fine-tuning instance (pre-trained rows W, teacher
-W + ξ c uᵀ, its spec file) and the LoRA instance. Imports the root, ``geometry``.
+"""The problem instances.
+
+- ``instance``: the rank-1 fine-tuning instance (W, λ, c, ĉ, u, ξ, σ) and its spec file;
+- ``lora_instance``: rank-r teachers ΔW = ξ C Uᵀ on top of an instance.
+
+Imports the ``dynamics`` root and ``geometry``.
 """

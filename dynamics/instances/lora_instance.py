@@ -5,8 +5,7 @@ U ∈ R^{d×r} orthonormal columns and C ∈ R^{k×r} (row cᵢ); the student re
 (Ĉ, Û). At r = 1, (C, U) = (c, u) of the base instance, number for number.
 
 Canonical frame (extends ``dynamics.instances.instance``'s): coordinates 0..k−1 span span(W) (W =
-[L, 0]),
-coordinates k..k+r−1 span Π⊥U (U's part ⊥ span W), the rest is the complement. There
+[L, 0]), coordinates k..k+r−1 span Π⊥U (U's part ⊥ span W), the rest is the complement. There
 U = [U_w; U_⊥; 0] with U_w = u_alpha·Q_w (k×r, Q_w orthonormal columns, first column the base
 instance's u_w direction) and U_⊥ = √(1 − u_alpha²)·I_r, so UᵀU = I and UᵀΠU = U_⊥ᵀU_⊥.
 By default (u_alpha = 0) U ⊥ span W.

@@ -2,6 +2,12 @@
 
 Registry ``LEARNERS`` maps the CLI/config name to the learner class; the protocol the engine
 uses is documented in :mod:`.base`.
+
+Modules: ``base`` (the protocol), ``registry`` (learners by name), ``options`` (each
+learner's options), ``problem`` (instances as tensors), ``directions`` (initial û₀),
+``given_rows`` (user-given rows); one file per learner: ``finetune``, ``glm`` (with
+``glm_map``), ``linearized``, ``lora``, ``moment``, ``network`` (with its compiled
+``network_kernel``). Imports ``overlays`` and the rooms below it.
 """
 
 from dynamics.learners.base import Learner, RunResult, TensorState, make_trajectory, mask_dead

@@ -2,8 +2,7 @@
 
 Student rows v̂ⱼ = (wⱼ + ξÛĉⱼ)/N̂ⱼ, N̂ⱼ = ‖wⱼ + ξÛĉⱼ‖, Û ∈ St(d, r) (ÛᵀÛ = I), Ĉ ∈ R^{k×r}
 frozen or trained jointly (``joint_c``); the teacher is ``dynamics.instances.lora_instance``'s (C,
-U).
-Loss on one example L = (y − f̂(x))². With s = Ûᵀx (r), z = Wx, ω = WÛ (k×r, 0 when
+U). Loss on one example L = (y − f̂(x))². With s = Ûᵀx (r), z = Wx, ω = WÛ (k×r, 0 when
 projected), aⱼ = (zⱼ + ξĉⱼᵀs)/N̂ⱼ and δⱼ = ∂L/∂aⱼ = −2(y − f̂)λⱼσ′(aⱼ), the sample gradients
 are, in closed form (∂N̂ⱼ/∂Û = ξ(wⱼ + ξÛĉⱼ)ĉⱼᵀ/N̂ⱼ, ∂N̂ⱼ/∂ĉⱼ = (ξωⱼ + ξ²ĉⱼ)/N̂ⱼ):
 

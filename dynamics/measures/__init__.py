@@ -1,4 +1,9 @@
-"""What a run measures: overlaps and reduced coordinates, exact losses of any state, the
-network loss and the refit second layer. Imports the root, ``randomness``, ``instances``
-and ``hermite``.
+"""What a run measures.
+
+- ``observables``: per-run overlaps, reduced coordinates, runs grouped by instance;
+- ``losses``: the population loss of rank-1 students, exact in every regime that has one;
+- ``network_loss``: the exact loss of two-layer networks of unit rows (dual kernels);
+- ``refit``: the second layer refit on a learned û's features (App. F.2).
+
+Imports ``instances``, ``randomness``, the root and ``hermite``.
 """

@@ -194,9 +194,8 @@ def monte_carlo_loss(instances: list[Instance], coords: np.ndarray, c_hat: np.nd
 
     coords : (R, C, k+2) reduced coordinates of û (see
     :func:`dynamics.measures.observables.reduced_coordinates`); c_hat : (R, k) or (R, C, k).
-    Because x
-    is isotropic, ⟨û, x⟩ only needs these coordinates, so the estimate costs O(size·k²) per
-    run, independent of d.
+    Because x is isotropic, ⟨û, x⟩ only needs these coordinates, so the estimate costs O(size·k²)
+    per run, independent of d.
     """
     runs, cps, k2 = coords.shape
     k = k2 - 2

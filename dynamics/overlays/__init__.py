@@ -1,5 +1,10 @@
-"""Theory lines drawn beside a run (fine-tuning: ODE, corrected map, band, escape; committee:
-ODE and diffusion), the assembly of a rank-1 trajectory from either engine's records, and the
-theory audit (each line against the SGD mean from the same starts). Imports ``measures`` and
-the rooms below it, and ``hermite``.
+"""Theory beside a run.
+
+- ``finetune``: the rank-1 theory lines from each run's own start (ODE, corrected map, band,
+  escape line);
+- ``committee``: the committee-machine ODE and diffusion beside a network learner;
+- ``assembly``: the trajectory of rank-1 runs from either engine's records, lines attached;
+- ``audit``: each theory line against the SGD mean from the same starts.
+
+Imports ``measures`` and the rooms below it, and ``hermite``.
 """

@@ -34,12 +34,11 @@ def rank_one_trajectory(result: RunResult) -> Trajectory:
     or None); ``coords`` (R, C, k+2) of û in span(W) ⊕ e ⊕ rest, needed for the loss of every
     state but the projected unit-row one and for ``config.options.refit``
     (:func:`~dynamics.measures.losses.needs_coordinates`). Records from the step a run diverged on
-    are
-    NaN; the loss follows :func:`~dynamics.measures.losses.exact_loss` (projected, unit rows: from
-    m),
-    :func:`~dynamics.measures.losses.coordinate_loss` (any other state with a Gaussian pair kernel)
-    or
-    :func:`~dynamics.measures.losses.monte_carlo_loss` (none:
+    are NaN; the loss follows :func:`~dynamics.measures.losses.exact_loss` (projected, unit rows:
+    from
+    m), :func:`~dynamics.measures.losses.coordinate_loss` (any other state with a Gaussian pair
+    kernel)
+    or :func:`~dynamics.measures.losses.monte_carlo_loss` (none:
     :func:`~dynamics.measures.losses.loss_kind`),
     the theory curves :func:`~dynamics.overlays.finetune.theory_records` from the records at
     step 0 (not masked; with joint ĉ also ``extra/ode_c_overlap``); with

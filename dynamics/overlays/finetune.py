@@ -104,8 +104,7 @@ def theory_records(config, instances: list[Instance], m0: np.ndarray,
     elsewhere the population ODE of fine-tuning (:func:`finetune_theory`, which adds
     ``extra``/``extra_attrs`` keys: pop them before building the Trajectory). Where
     :func:`finite_d_applies`, also ``ode_corrected`` (``hermite.finite_d.corrected_ode`` at the
-    run's
-    d, η and label noise, from each run's m₀) and the 10–90% ``band_lower``/``band_upper`` of
+    run's d, η and label noise, from each run's m₀) and the 10–90% ``band_lower``/``band_upper`` of
     ``hermite.theory_band`` (mixture over the group's m₀). ``start``: the runs' records at
     step 0 (``coords``, ``c_hat``; module docstring). A line that fails numerically is
     left out with why, the runs kept (:func:`_attempt`, :func:`finetune_theory`).

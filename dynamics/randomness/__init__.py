@@ -1,4 +1,9 @@
-"""The example streams: Gaussian chunks of the full engine (per-run, shared or counter-based),
-the counter stream and the ziggurat sampler the chains share, and the chunk sizes. Imports
-only the ``dynamics`` root.
+"""The example streams of the engines.
+
+- ``sampling``: one explicitly seeded stream per run (per-run, shared or counter streams);
+- ``counter_stream``: counter-based standard normals (``streams = "counter"``);
+- ``ziggurat``: the ziggurat of N(0, 1) the samplers share;
+- ``chunking``: the full engine's example chunks (torch-free, for the memory budget).
+
+Imports only the ``dynamics`` root.
 """

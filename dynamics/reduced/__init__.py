@@ -3,8 +3,7 @@ r"""The reduced engine: the exact law of the ``finetune`` dynamics at O(k) cost 
 Derivation (from the full engine's step, ``dynamics.learners.finetune``; no approximation)
 ------------------------------------------------------------------------------------------
 Canonical frame (``dynamics.instances.instance``): x ~ N(0, I_d); coordinates 0..k−1 span W (wᵢ =
-row i
-of L), coordinate k is e, the unit direction of u's part ⊥ W, so u = (u_w, u⊥, 0, …). Let
+row i of L), coordinate k is e, the unit direction of u's part ⊥ W, so u = (u_w, u⊥, 0, …). Let
 H = span(W, e). Write û = (p, μ, ν ê) with p ∈ R^k (û in span W), μ = ⟨û, e⟩, ν ≥ 0 and ê the
 unit direction of û's part ⊥ H. Projected learner (eq. 4): p ≡ 0.
 
@@ -57,6 +56,12 @@ Backends: ``numba`` (CPU; runs in blocks on numba's threads, per-run SplitMix64 
 every step of a segment in one launch, same streams, float64; :mod:`.cuda_kernel`) and ``torch``
 (vectorised over runs, one launch per step, CUDA or CPU; honours float32; also the fallback
 for activations without a compiled version).
+
+Modules: ``simulate`` (the public entry points), ``exact_chain`` (what a learner's chain
+offers), ``segments`` (runs advanced in segments), ``params`` (instances packed for the
+kernels); the chains ``rank_chain``/``rank_simulate`` (rank-r), ``glm_chain``, ``linear_chain``,
+``network_chain``/``network_simulate``; the backends ``torch_chain``, ``cuda_kernel`` and
+``network_cuda``. Imports ``setup``, ``learners`` and the rooms below them.
 """
 
 from pathlib import Path as _Path

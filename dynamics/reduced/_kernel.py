@@ -63,8 +63,7 @@ def _advance_block(lo, hi, hyp, inst, runs, rec):
 def advance_runs(hyp, inst, runs, rec) -> None:
     """Advance every run of ``runs`` (:class:`._chain.Runs`, in place) by ``hyp.n_steps`` on
     numba's threads (:func:`dynamics.runtime.run_threads.over_runs`). See :func:`._chain.run_one`
-    for the
-    checkpoint, divergence and stop conventions."""
+    for the checkpoint, divergence and stop conventions."""
     over_runs(_advance_block, runs.mu.shape[0], hyp, inst, runs, rec)
 
 

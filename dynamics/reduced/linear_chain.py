@@ -372,8 +372,7 @@ def _advance_block(lo, hi, hyp, L, V, lam, u, runs, rec):
 def advance_linear(hyp, L, V, lam, u, runs, rec) -> None:
     """Advance every run of ``runs`` (:class:`LinRuns`, in place) by ``hyp.n_steps`` steps on
     numba's threads (:func:`dynamics.runtime.run_threads.over_runs`); per distinct instance L (I,
-    k, k),
-    teacher rows V (I, k, t), λ (I, k) and u (I, t) in A; checkpoints into ``rec``."""
+    k, k), teacher rows V (I, k, t), λ (I, k) and u (I, t) in A; checkpoints into ``rec``."""
     over_runs(_advance_block, runs.P.shape[0], hyp, L, V, lam, u, runs, rec)
 
 

@@ -845,8 +845,7 @@ def work_arrays(runs: int, batch: int, k: int, kp: int, t: int, storage: int) ->
 def advance_network(hyp, V, ident, lam, runs, rec, teacher_term, coef, work=None) -> None:
     """Advance every run of ``runs`` (:class:`NetRuns`, in place) by ``hyp.n_steps`` steps on
     numba's threads (:func:`dynamics.runtime.run_threads.over_runs`); V (I, k, t) teacher rows,
-    ident (I,)
-    V = [I, 0], λ (I, k) per instance; checkpoints into ``rec``. The loss stop rule reads
+    ident (I,) V = [I, 0], λ (I, k) per instance; checkpoints into ``rec``. The loss stop rule reads
     ``teacher_term`` (I,) λᵀK(VVᵀ)λ and K's coefficients ``coef`` (``hyp.kernel_mode``).
     ``work``: the runs' :func:`work_arrays` (fresh ones if None)."""
     n, kp, t = runs.P.shape

@@ -1,3 +1,8 @@
-"""A run's configuration (:class:`~dynamics.setup.config.RunConfig`, checkpoints, options) and
-the defaults read off the instance (η, horizon). Imports ``learners`` and the rooms below it.
+"""What a run is.
+
+- ``config``: :class:`~dynamics.setup.config.RunConfig`, the settings every engine and learner
+  share, and its checkpoints;
+- ``defaults``: the default η and horizon read off the instance.
+
+Imports ``learners`` and the rooms below it.
 """

@@ -28,8 +28,8 @@ steps: Σ ← AΣAᵀ + h·A½ V(ȳ½) A½ᵀ with A = exp(hJ), A½ = exp(hJ/2) 
 predicted midpoint.
 
 Band (``method="mixture"`` of :mod:`hermite.finite_d.lna`). Each start node yⱼ (the runs' own
-starts,
-or equal-probability quantile nodes of them) is carried with its own Σⱼ(0) = 0; the predicted
+starts, or equal-probability quantile nodes of them) is carried with its own Σⱼ(0) = 0; the
+predicted
 law of a readout r(y) is the equal-weight mixture of N(r(ȳⱼ), ∇rᵀΣⱼ∇r): m = u⊥μ and the
 cosine ⟨ĉ, c⟩/(‖ĉ‖‖c‖) (delta method). Its known limits are those of :mod:`hermite.finite_d.lna`: a
 path keeps the sign of its m₀, so an escape from m ≈ 0 that SGD noise re-mixes is not

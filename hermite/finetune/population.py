@@ -681,8 +681,7 @@ def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=Non
     Parameters
     ----------
     instance : a fine-tuning :class:`dynamics.instances.instance.Instance` (any convention,
-    u_alpha).
-    eta : step size η of û; ``eta_c`` that of ĉ (default η).
+    u_alpha). eta : step size η of û; ``eta_c`` that of ĉ (default η).
     steps : (C,) sorted checkpoint steps (times of the flow, in SGD steps).
     m0 : (R,) start overlaps with p = 0 (the learner's initial law), or ``mu0`` (R,) with
         ``p0`` (R, k) (default 0); ``c_hat0`` (k,) or (R, k) (default the instance's ĉ).

@@ -1,4 +1,10 @@
-"""Finite-d corrections to the flows: one-step noise moments, the noise-corrected mean map,
-the LNA band, the largest stable step size and stability. Imports ``flows``, ``expansion``
-and the root.
+"""Finite-d corrections to the flows.
+
+- ``noise``: one-step noise moments of the projected overlap chain;
+- ``corrected_ode``: the noise-corrected map, its noise floor and hitting times;
+- ``lna``: the linear-noise-approximation band around it;
+- ``stepsize``: the largest η whose noise floor still reaches a target overlap;
+- ``stability``: step sizes beyond which the dynamics mean nothing.
+
+Imports ``flows``, ``expansion`` and the root.
 """

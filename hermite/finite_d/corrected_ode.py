@@ -25,8 +25,7 @@ the default ``method="exact"`` uses the exact conditional mean E[μ′ − μ | 
 order; ``"second_order"`` is the truncation above, ``"plain"`` the η → 0 map. The step is
 then iterated as a deterministic map μ̄_{t+1} = μ̄_t + D(μ̄_t) ("mean-field": it neglects the
 O(Var·D″) correction E[D(μ_t)] − D(E μ_t); ``closure=True`` / :mod:`hermite.finite_d.lna` add it).
-On
-the issue's ReLU instance (d = 200, η = 1e-3, ĉ = c) the mean-field map sits ≈ 2.3 SE of a
+On the issue's ReLU instance (d = 200, η = 1e-3, ĉ = c) the mean-field map sits ≈ 2.3 SE of a
 4096-run mean above the SGD mean mid-curve (D is concave); with the closure the gap is < 1.5 SE.
 
 Tabulation: D(μ) and the one-step variance V(μ) are computed at G Chebyshev-like points
@@ -400,8 +399,7 @@ def corrected_ode(instance, eta, d, m0, steps, *, c_hat=None, label_noise=0.0,
 
     ``closure=True`` adds the Gaussian-closure term ½D″(μ̄)Var_t with the LNA variance of the
     SGD noise accumulated along each path (:mod:`hermite.finite_d.lna`): E[D(μ_t)] instead of D(E
-    μ_t).
-    It is the better predictor of the *mean* overlap (the mean-field map sits O(η) above it
+    μ_t). It is the better predictor of the *mean* overlap (the mean-field map sits O(η) above it
     where D is concave), at the cost of the LNA's validity conditions.
 
     ``method="second_order"`` is m̄_{t+1} = m̄_t + η h(m̄)(u⊥² − m̄²) − (η²/2) u⊥ μ̄

@@ -1,8 +1,8 @@
 r"""Theory band for the overlap: linear-noise approximation (LNA) around the corrected ODE.
 
 Derivation. Write the exact chain (``hermite.finite_d.noise``, ★) as μ_{t+1} = μ_t + D(μ_t) + ζ_t
-with
-D = E[μ′ − μ | μ] (``hermite.finite_d.corrected_ode``) and ζ_t a martingale increment of conditional
+with D = E[μ′ − μ | μ] (``hermite.finite_d.corrected_ode``) and ζ_t a martingale increment of
+conditional
 variance V(μ_t) = Var(μ′ − μ | μ_t) (to leading order η²(1−μ²)Var(g t) = η² Var⟨u, ∇̂L⟩/u⊥²;
 the exact V also contains the normalisation's fluctuation, O(η⁴d²Var g²), which is of the same
 order when ηd = O(1)). Linearising D about the mean path μ̄_t,

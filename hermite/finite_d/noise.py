@@ -200,8 +200,7 @@ class _Chain:
 
 def h_tilde(instance, mu, c_hat=None):
     """h̃(μ) = u_perp·h(u_perp μ) (exact, ``hermite.expansion.gradient.h``): the first-order drift
-    of μ
-    divided by η(1 − μ²)."""
+    of μ divided by η(1 − μ²)."""
     ch = _c_hat(instance, c_hat)
     mu = np.atleast_1d(np.asarray(mu, dtype=float))
     up = instance.u_perp

@@ -15,13 +15,11 @@ with the exact one-step drift: Brent on η of s·D_exact(η, s·μ*) = 0 (the bi
 
 The criterion is on the mean (the root of the drift): individual runs scatter about it with
 the stationary sd of :func:`hermite.finite_d.corrected_ode.stationary_moments`. Checked on ReLU, k
-= 5,
-d = 200, frozen ĉ, ε = 0.1 (η_max = 9.66e-4): 4096 runs at 0.9·η_max end at ⟨û,u⟩² = 0.911
+= 5, d = 200, frozen ĉ, ε = 0.1 (η_max = 9.66e-4): 4096 runs at 0.9·η_max end at ⟨û,u⟩² = 0.911
 (87% of runs ≥ 0.9), at 1.1·η_max at 0.888 (17% of runs ≥ 0.9).
 
 The paper's step sizes for the same instance (``hermite.flows.theorems``): Theorem 11 (orthonormal
-W,
-ξ = 1), 12 (orthonormal, ξ = ξ̄√k), 13 (separated W), each with the unspecified constants at 1
+W, ξ = 1), 12 (orthonormal, ξ = ξ̄√k), 13 (separated W), each with the unspecified constants at 1
 (C_δ = γ = 1: upper ends), and Theorem 16 with the instance's S_k = min(|h(0)|/2, min h) and
 V_k = max(1, max_μ max(E‖∇̂L‖²/d, E⟨∇̂L,u⟩²)) measured here (Condition 2 with p = 1, μ₁ = 1).
 """

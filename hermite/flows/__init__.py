@@ -1,4 +1,9 @@
-"""The d → ∞ population flows: the overlap ODE of the rank-1 fine-tuning model (§3.1,
-Prop. 4), the step-size schedules of Theorems 11–13 and 16, the rank-r matrix ODE and the
-linearized (NTK) model. Imports ``expansion`` and the root.
+"""The d → ∞ population flows.
+
+- ``ode``: the overlap ODE of rank-1 fine-tuning (§3.1, eq. 6 without noise);
+- ``theorems``: the step sizes and horizons of Theorems 11–13 and 16 (App. A.2, C.2);
+- ``rank``: rank-r fine-tuning, the r×r overlap's matrix ODE;
+- ``linearized``: the linearized (NTK) learner's exact population theory.
+
+Imports ``expansion`` and the root.
 """

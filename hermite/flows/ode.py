@@ -9,8 +9,7 @@ its continuous limit dm/dt = η h(m)(u⊥² − m²), and the hitting time of a 
 T(level) = ∫_{m₀}^{level} dm / (η h(m)(u⊥² − m²)).
 
 The map is iterated in numba on an :class:`~hermite.expansion.table.HTable` (h interpolated to ≤
-1e-10
-relative of the exact h, checked when the table is built), R runs in parallel blocks. Beyond
+1e-10 relative of the exact h, checked when the table is built), R runs in parallel blocks. Beyond
 ``MAP_STEPS_MAX`` steps (d = 10⁶ horizons reach 10⁹) blocks of K steps are one RK4 step of the
 continuous flow, with K·η·max|g′| = ``FLOW_RATE`` (g = h(m)(u⊥² − m²)); the flow differs from
 the map by O(η), here ≤ 2·10⁻⁸ (the noise-corrected maps of :mod:`hermite.finite_d.corrected_ode` do

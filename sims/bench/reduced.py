@@ -8,8 +8,7 @@ the difference reaches it, up to :data:`MAX_GROWTH` times the steps asked for, a
 beyond (:class:`ShortInterval`). The reduced engine is timed
 through :func:`dynamics.reduced.first_passage_reduced` with an unreachable level (pure
 stepping), the full engine through :func:`dynamics.engines.engine.simulate_full`. All measurements
-of
-one call are taken in the same process, so their ratios are meaningful even on a shared host.
+of one call are taken in the same process, so their ratios are meaningful even on a shared host.
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ A target of ``MEASUREMENTS`` (``separation``: Claim 2 / Theorem 19, issue 38) is
 module measures, writes ``<out_dir>/<name>[_quick].h5`` and draws the ``.png``.
 
 ``convention`` is the instance key of ``dynamics.instances.instance``: ``unit`` (default: the
-theory's
-unit rows, no file suffix) or App. B's ``appB`` / ``appB-sqrt`` model
+theory's unit rows, no file suffix) or App. B's ``appB`` / ``appB-sqrt`` model
 f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩), vᵢ = s (wᵢ + ξcᵢu), set in every cell's instance
 (:func:`~sims.experiments.figures.recipe.with_convention`); these run only the
 ``finetune`` learner and have no ODE, so a recipe needing another learner

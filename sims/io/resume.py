@@ -3,8 +3,7 @@
 Beside its output ``OUT`` (``results/x.h5``), a run keeps ``OUT.resume`` (``results/x.h5.resume``):
 an HDF5 file written atomically and fsynced (:func:`sims.io.atomic.hdf5_writer`) every few
 minutes of wall time (:class:`dynamics.runtime.resume.Checkpointer`) and when a signal stops the
-run;
-removed when the run finishes. ``loradyn run … --resume`` (the same command plus the flag)
+run; removed when the run finishes. ``loradyn run … --resume`` (the same command plus the flag)
 continues from it to the numbers of an uninterrupted run.
 
 Format (``format`` = ``loradyn-resume``, ``format_version`` 1; docs/hdf5-schema.md):
