@@ -134,7 +134,12 @@ from dynamics.instances.instance import build_instance
 from dynamics.learners.directions import initial_directions
 from dynamics.overlays.committee import ODE_EVALS, committee_model, committee_state, plan_order
 from dynamics.setup.config import RunConfig
-from hermite.committee import ESCAPE_OVERLAP, FirstPassage, committee_first_passage
+from hermite.committee import (
+    ESCAPE_OVERLAP,
+    FirstPassage,
+    PassageSettings,
+    committee_first_passage,
+)
 
 LOSS_OF = {"scratch": "squared", "scratch-csq": "correlation"}
 
@@ -193,10 +198,9 @@ def scratch_ode(spec: dict, learner: str, c: float, runs: int, seed: int, level:
         model = committee_model(inst, loss=LOSS_OF[learner], eta=c / d,
                                 second_order=order == 2)
         state = committee_state(cross[r], gram[r], lam[r])
-        out.append(committee_first_passage(
-            model, state, level, d, alpha_max=alpha_max,
-            alpha_probe=None if probe_steps is None else probe_steps / d,
-            max_evals=max_evals))
+        out.append(committee_first_passage(model, state, level, d, PassageSettings(
+            alpha_max, alpha_probe=None if probe_steps is None else probe_steps / d,
+            max_evals=max_evals)))
     return out
 
 

@@ -1,8 +1,8 @@
 """Fig. 3(a) acceptance check: the linearized model cannot fit a ξ = √k rank-1 perturbation.
 
-Setting (the full-size ``loradyn reproduce fig3`` sweep, ``sims/experiments/figures/fig3.py``): ReLU,
-d = 2000, k = 50, ξ = √k, unit-row instance (W separated, c and ĉ gaussian), ĉ trained jointly
-with û (projected, eq. 4), η = 0.004/d, T = 300·d steps. Fine-tuning runs on ``engine=auto``
+Setting (the full-size ``loradyn reproduce fig3`` sweep, ``sims/experiments/figures/fig3.py``):
+ReLU, d = 2000, k = 50, ξ = √k, unit-row instance (W separated, c and ĉ gaussian), ĉ trained
+jointly with û (projected, eq. 4), η = 0.004/d, T = 300·d steps. Fine-tuning runs on ``engine=auto``
 (the exact reduced chain); the linearized learner on the full engine.
 
 Claim checked: every checkpoint of every linearized run has a true population loss (the

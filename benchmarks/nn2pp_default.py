@@ -31,6 +31,7 @@ import argparse
 import glob
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,18 +41,32 @@ from dynamics.setup.config import RunConfig
 ALPHAS = (1, 10, 50, 100, 200, 300, 500, 700, 1000)
 
 
-def nn2pp_config(N: int, K: int, M: int, lr: float, alpha_max: float, runs: int, seed: int,
-                 teacher: str = "gaussian", checkpoints: int = 240,
-                 streams: str = "counter", engine: str = "full") -> RunConfig:
-    """The loradyn run of nn2pp's setting (module docstring: the mapping)."""
+@dataclass(frozen=True)
+class Nn2ppSetting:
+    """nn2pp's setting: input dimension N, student width K, teacher width M, learning rate
+    ``lr`` and the teacher's rows (gaussian: N(0, I/N); orthonormal: T = I)."""
+
+    N: int
+    K: int
+    M: int
+    lr: float
+    teacher: str = "gaussian"
+
+
+def nn2pp_config(setting: Nn2ppSetting, *, alpha_max: float, runs: int, seed: int,
+                 checkpoints: int = 240, streams: str = "counter",
+                 engine: str = "full") -> RunConfig:
+    """The loradyn run of nn2pp's ``setting`` to α = ``alpha_max`` (module docstring: the
+    mapping)."""
+    N, K, M = setting.N, setting.K, setting.M
     spec = {"activation": "erf(x/sqrt2)", "teacher": "committee", "k": M, "d": N,
-            "W": teacher, "lam": "ones", "seed": seed}
+            "W": setting.teacher, "lam": "ones", "seed": seed}
     opts = {"rows": "free", "init_scale": 1.0}
     if K != M:
         opts |= {"width": K}
-    return RunConfig(spec, learner="scratch", eta=lr / (2 * N), steps=int(alpha_max * N),
-                     runs=runs, seed=seed, checkpoints=checkpoints, spacing="log",
-                     streams=streams, instance_seeds="per_run", engine=engine,
+    return RunConfig(spec, learner="scratch", eta=setting.lr / (2 * N),
+                     steps=int(alpha_max * N), runs=runs, seed=seed, checkpoints=checkpoints,
+                     spacing="log", streams=streams, instance_seeds="per_run", engine=engine,
                      **opts).validate()
 
 
@@ -100,8 +115,9 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="Write the trajectory (HDF5) here.")
     args = ap.parse_args()
 
-    config = nn2pp_config(args.N, args.K, args.M, args.lr, args.alpha_max, args.runs,
-                          args.seed, args.teacher, streams=args.streams, engine=args.engine)
+    setting = Nn2ppSetting(N=args.N, K=args.K, M=args.M, lr=args.lr, teacher=args.teacher)
+    config = nn2pp_config(setting, alpha_max=args.alpha_max, runs=args.runs, seed=args.seed,
+                          streams=args.streams, engine=args.engine)
     t0 = time.perf_counter()
     traj = simulate(config)
     wall = time.perf_counter() - t0

@@ -184,7 +184,7 @@ def cuda_segments_agree() -> dict:
 
     from dynamics.reduced.network_simulate import ChainStart, NetworkRun
     from dynamics.reduced.params import pack_instances
-    from dynamics.reduced.simulate import RankOneRun, _initial_state
+    from dynamics.reduced.simulate import RankOneRun, RankOneSetup, _initial_state
     from dynamics.runtime.trajectory import checkpoint_steps
 
     def rank_one():
@@ -194,7 +194,7 @@ def cuda_segments_agree() -> dict:
         inst = cfg.run_instances()
         params = pack_instances(inst)
         states, mu, nu, m0 = _initial_state(cfg, params, inst)
-        return RankOneRun(cfg, params, inst, "numba-cuda", torch.device("cpu"),
+        return RankOneRun(RankOneSetup(cfg, params, inst, "numba-cuda", torch.device("cpu")),
                           checkpoint_steps(cfg.steps, cfg.checkpoints, cfg.spacing), states,
                           mu, nu, m0)
 

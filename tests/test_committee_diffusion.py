@@ -16,7 +16,12 @@ import pytest
 
 import dynamics.overlays.committee as overlay
 from dynamics.engines.engine import simulate
-from dynamics.overlays.committee import committee_model, committee_state, plan_diffusion
+from dynamics.overlays.committee import (
+    CommitteeRegime,
+    committee_model,
+    committee_state,
+    plan_diffusion,
+)
 from dynamics.setup.config import RunConfig
 from hermite.committee import CommitteeModel, CommitteeState, committee_ode
 from hermite.committee.diffusion import (
@@ -147,7 +152,8 @@ def test_examples_per_step_keep_the_sampled_S_noise_small():
 
 def test_plan_diffusion_where_the_noise_moves_the_escape():
     def plan(eta_d, span, starts, act="relu", K=2, **kw):
-        return plan_diffusion(act, eta_d, 1000, 1, span, starts, K, K, 100, **kw)
+        return plan_diffusion(CommitteeRegime(act, 1000, K, K, "squared", eta_d / 1000), span,
+                              starts, 100, **kw)
 
     assert plan(0.5, 60_000, 16) == 8  # 128 paths in all
     assert plan(0.5, 60_000, 128) == 1
@@ -168,9 +174,9 @@ def escape_run():
     seen = {}
     original = overlay.committee_records
 
-    def spy(config, instances, steps, cross0, gram0, lam0, *args, **kw):
-        seen["starts"] = (instances[0], steps, cross0, gram0, lam0)
-        return original(config, instances, steps, cross0, gram0, lam0, *args, **kw)
+    def spy(config, instances, steps, starts, *args, **kw):
+        seen["starts"] = (instances[0], steps, starts.cross, starts.gram, starts.lam_hat)
+        return original(config, instances, steps, starts, *args, **kw)
 
     mp = pytest.MonkeyPatch()
     mp.setattr(overlay, "committee_records", spy)

@@ -7,6 +7,7 @@ second-order ODE tracks the SGD mean where the first-order one is off by a facto
 d = 250 proxy of that setting, same η·d); a first-order curve says so in its attributes."""
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -263,9 +264,10 @@ def both_orders(monkeypatch):
     seen = {}
     original = overlay.committee_records
 
-    def records(*args, **kw):
-        seen["first"] = original(*args, **dict(kw, second_order=False, quiet=True))
-        return original(*args, **kw)
+    def records(config, instances, steps, starts, regime, **kw):
+        seen["first"] = original(config, instances, steps, starts,
+                                 replace(regime, second_order=False), **dict(kw, quiet=True))
+        return original(config, instances, steps, starts, regime, **kw)
 
     monkeypatch.setattr(overlay, "committee_records", records)
     return seen

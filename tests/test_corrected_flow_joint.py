@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from chain_runs import rank_one_chain
 
 import hermite
 from dynamics.instances.instance import build_instance
@@ -26,22 +27,10 @@ F64 = torch.float64
 def _chain(act, d, k, xi, eta_d, steps, runs, mu0=None, cps=11, seed=3):
     """(steps, m (R, C), μ₀ (R,), instance, η) of exact-chain runs (joint ĉ, unprojected),
     from the learner's initial law or, with ``mu0``, all from μ₀ (p = 0, the instance's ĉ)."""
-    from dynamics.reduced.params import pack_instances
-    from dynamics.reduced.simulate import _choose_backend, _initial_state, _run
-    from dynamics.runtime.trajectory import checkpoint_steps
-
     cfg = RunConfig(instance=unit_row_instance(act, d, k, xi), eta=eta_d / d, steps=steps,
                     runs=runs, seed=seed, checkpoints=cps, spacing="linear", engine="reduced",
                     joint_c=True, project=False).validate()
-    inst = cfg.run_instances()
-    params = pack_instances(inst)
-    backend, device = _choose_backend(cfg, None, inst[0].activation.name)
-    ck = checkpoint_steps(cfg.steps, cfg.checkpoints, cfg.spacing)
-    states, mu, nu, _ = _initial_state(cfg, params, inst)
-    if mu0 is not None:
-        mu[:], nu[:] = mu0, math.sqrt(1.0 - mu0 * mu0)
-    start = mu.copy()
-    rec, _, _ = _run(cfg, params, inst, backend, device, mu, nu, states, ck, int(ck[-1]))
+    ck, rec, start, _, _, inst = rank_one_chain(cfg, mu0)
     return ck, rec["m"], start, inst[0], cfg.eta
 
 

@@ -72,7 +72,8 @@ def test_chunking_and_checkpoints_do_not_change_the_numbers(monkeypatch):
     ref = simulate(_config(checkpoints=4))
     monkeypatch.setattr(chunking, "MAX_CHUNK_STEPS", 7)
     other = simulate(_config(checkpoints=30))
-    assert sampling.NoiseSource(0, 1, 1, 24, device=torch.device("cpu"),
+    assert sampling.NoiseSource(sampling.NoiseStreams(0), 1, 1, 24,
+                                device=torch.device("cpu"),
                                 dtype=torch.float64).chunk_steps == 7
     common = np.isin(other.steps, ref.steps)
     np.testing.assert_allclose(other.overlap[:, common], ref.overlap, rtol=0, atol=1e-13)
@@ -81,8 +82,9 @@ def test_chunking_and_checkpoints_do_not_change_the_numbers(monkeypatch):
 def test_noise_stream_is_split_invariant():
     """torch's CPU sampler yields the same per-run stream for any split into 16-multiples."""
     def draw(chunk):
-        src = sampling.NoiseSource(3, 2, 1, 20, device=torch.device("cpu"),
-                                   dtype=torch.float32, chunk_steps=chunk)
+        src = sampling.NoiseSource(sampling.NoiseStreams(3), 2, 1, 20,
+                                   device=torch.device("cpu"), dtype=torch.float32,
+                                   chunk_steps=chunk)
         out = [buf.clone() for buf, _ in src.chunks([chunk] * (12 // chunk))]
         src.close()
         return torch.cat(out, dim=1)
@@ -93,9 +95,10 @@ def test_noise_stream_is_split_invariant():
 def test_shared_stream_draws_all_runs_at_once_deterministically():
     """streams = shared: one generator for every run (the CUDA default), N(0, 1), seeded."""
     def draw(seed, runs=64, d=40, per_run=False, sq=None):
-        with sampling.NoiseSource(seed, runs, 2, d, device=torch.device("cpu"),
-                                  dtype=torch.float64, chunk_steps=8, per_run=per_run,
-                                  sqnorm_cols=sq) as src:
+        kind = "per_run" if per_run else "shared"
+        with sampling.NoiseSource(sampling.NoiseStreams(seed, kind), runs, 2, d,
+                                  device=torch.device("cpu"), dtype=torch.float64,
+                                  chunk_steps=8, sqnorm_cols=sq) as src:
             return [(buf.clone(), None if n is None else n.clone())
                     for buf, n in src.chunks([8, 8, 5])]
 

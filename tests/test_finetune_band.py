@@ -17,6 +17,7 @@ from dynamics.instances.instance import build_instance
 from dynamics.setup.config import RunConfig
 from hermite.finetune.band import StepMoments, joint_band, joint_band_applies
 from hermite.finetune.population import FinetuneModel, SecondMoment
+from hermite.flows.regime import FinetuneRegime, FinetuneStart
 
 SPEC = dict(k=3, xi=1.0, c="gaussian", c_hat="gaussian", u_alpha=0.4, seed=2)
 
@@ -114,7 +115,8 @@ def test_band_against_1024_exact_chain_runs():
     cos(ĉ, c), its edges within 0.5 sd of the empirical quantiles (measured: widths 0.94–1.05,
     edges ≤ 0.34 sd), and without the step noise the band would be far too narrow."""
     steps, m, cos, inst, m0, eta = joint_chain_runs("relu", 1000, 4, 1.0)
-    band = joint_band(inst, eta, inst.d, steps, m0 / inst.u_perp, inst.c_hat)
+    band = joint_band(inst, FinetuneRegime(eta, joint_c=True, d=inst.d), steps,
+                      FinetuneStart(mu0=m0 / inst.u_perp, c_hat0=inst.c_hat))
     for x, lo, hi in ((m, band.lower, band.upper), (cos, band.c_lower, band.c_upper)):
         q = np.quantile(x, [0.1, 0.9], axis=0)
         sd = x.std(axis=0)
@@ -143,7 +145,8 @@ def test_band_is_recorded_beside_a_joint_run_and_drawn(tmp_path):
     assert np.all(tr.extra["band_c_lower"] <= tr.extra["band_c_upper"])
     assert "linear-noise band" in tr.extra_attrs["band_c_lower"]["note"]
     inst = tr.instances[0]
-    direct = joint_band(inst, cfg.eta, 300, tr.steps, tr.m0 / inst.u_perp, inst.c_hat)
+    direct = joint_band(inst, FinetuneRegime(cfg.eta, joint_c=True, d=300), tr.steps,
+                        FinetuneStart(mu0=tr.m0 / inst.u_perp, c_hat0=inst.c_hat))
     np.testing.assert_allclose(tr.band_upper[0], direct.upper, rtol=1e-12)
     for quantity in ("overlap", "c_overlap"):
         fig, ax = plt.subplots()
@@ -159,7 +162,8 @@ def test_band_where_not_derived_is_a_one_line_error():
     free = FinetuneModel(inst, 0.01, project=False, joint_c=True)
     assert "projected" in joint_band_applies(free)
     with pytest.raises(ValueError, match="projected û only"):
-        joint_band(inst, 0.01, 100, [0, 10], np.zeros(2), inst.c_hat, model=free)
+        joint_band(inst, FinetuneRegime(0.01, joint_c=True, d=100), [0, 10],
+                   FinetuneStart(mu0=np.zeros(2), c_hat0=inst.c_hat), model=free)
     with pytest.raises(ValueError, match="b = 1 only"):
         if why := joint_band_applies(model, batch=4):
             raise ValueError(why)

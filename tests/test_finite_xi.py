@@ -8,10 +8,12 @@ import math
 
 import numpy as np
 import pytest
+from chain_runs import rank_one_chain
 
 from dynamics.instances.instance import build_instance
 from hermite.finetune.finite_xi import StepNoise, finite_xi_flow
 from hermite.finetune.population import FinetuneModel, finetune_ode
+from hermite.flows.regime import FinetuneRegime, FinetuneStart
 
 
 def _instance(act, xi, k=4, d=100, u_alpha=0.3):
@@ -46,8 +48,9 @@ def test_flow_without_fluctuations_is_the_population_ode():
     p0 = 0.05 * rng.standard_normal((3, 3))
     kw = dict(project=False, joint_c=True)
     ode = finetune_ode(inst, eta, steps, mu0=mu0, p0=p0, c_hat0=inst.c_hat, **kw)
-    flow = finite_xi_flow(inst, eta, d, steps, p0, mu0, inst.c_hat, closure=False,
-                          renormalise=False, **kw)
+    flow = finite_xi_flow(inst, FinetuneRegime(eta, d=d, **kw), steps,
+                          FinetuneStart(mu0=mu0, p0=p0, c_hat0=inst.c_hat), closure=False,
+                          renormalise=False)
     assert np.max(np.abs(flow.m - ode.m)) < 2e-3
     assert np.max(np.abs(flow.c_overlap - ode.c_overlap)) < 2e-3
 
@@ -55,9 +58,6 @@ def test_flow_without_fluctuations_is_the_population_ode():
 def _chain(d, k, xi, eta_d, steps, runs, checkpoints):
     """(checkpoint steps, m (R, C), μ₀ (R,), ĉ₀ (R, k), instance, η) of exact-chain runs of
     He₃, joint ĉ, unprojected û (the cell of Figs 1b/6), started as the learner starts."""
-    from dynamics.reduced.params import pack_instances
-    from dynamics.reduced.simulate import _choose_backend, _initial_state, _run
-    from dynamics.runtime.trajectory import checkpoint_steps
     from dynamics.setup.config import RunConfig
 
     spec = dict(activation="he3", k=k, d=d, xi=float(xi), W="separated", c="gaussian",
@@ -65,13 +65,7 @@ def _chain(d, k, xi, eta_d, steps, runs, checkpoints):
     cfg = RunConfig(instance=spec, eta=eta_d / d, steps=int(steps), runs=runs, seed=3,
                     checkpoints=checkpoints, spacing="linear", engine="reduced",
                     joint_c=True, project=False).validate()
-    inst = cfg.run_instances()
-    params = pack_instances(inst)
-    backend, device = _choose_backend(cfg, None, inst[0].activation.name)
-    ck = checkpoint_steps(cfg.steps, cfg.checkpoints, cfg.spacing)
-    states, mu, nu, _ = _initial_state(cfg, params, inst)
-    mu0 = mu.copy()
-    rec, _, _ = _run(cfg, params, inst, backend, device, mu, nu, states, ck, int(ck[-1]))
+    ck, rec, mu0, _, params, inst = rank_one_chain(cfg)
     return ck, rec["m"], mu0, params.c_hat0.copy(), inst[0], cfg.eta
 
 
@@ -84,7 +78,7 @@ def test_ensemble_follows_the_chain_where_the_ode_does_not():
     are taken at 16 equal-probability quantile nodes of the runs' μ₀ (p₀ = 0 and ĉ₀ are
     common to all runs), 8 paths per node."""
     from hermite.finetune.band import start_nodes
-    from hermite.finetune.finite_xi import finite_xi_ensemble
+    from hermite.finetune.finite_xi import EnsembleScheme, finite_xi_ensemble
 
     d, k = 100, 4
     steps, m, mu0, c0, inst, eta = _chain(d, k, 10.0, 5e-4, 1400 * d, 256, 8)
@@ -93,8 +87,9 @@ def test_ensemble_follows_the_chain_where_the_ode_does_not():
     mu_n, c_n = start_nodes(mu0, c0, 16)
     kw = dict(project=False, joint_c=True)
     ode = np.abs(finetune_ode(inst, eta, steps, mu0=mu_n, c_hat0=c_n, **kw).m).mean(axis=0)
-    line = finite_xi_ensemble(inst, eta, d, steps, np.zeros((mu_n.size, k)), mu_n, c_n,
-                              particles=8, **kw).abs_m.mean(axis=0)
+    line = finite_xi_ensemble(inst, FinetuneRegime(eta, d=d, **kw), steps,
+                              FinetuneStart(mu0=mu_n, p0=np.zeros((mu_n.size, k)), c_hat0=c_n),
+                              scheme=EnsembleScheme(particles=8)).abs_m.mean(axis=0)
     outside = np.abs(ode - chain) > tol
     assert outside.any()
     assert np.all(np.abs(line - chain)[outside] <= tol[outside]), (chain, ode, line, tol)

@@ -15,7 +15,7 @@ from dynamics.engines.engine import FullRun, chunk_schedule, simulate
 from dynamics.instances.instance import build_instance
 from dynamics.learners import Problem
 from dynamics.learners.moment import Moment
-from dynamics.randomness.sampling import NoiseSource
+from dynamics.randomness.sampling import NoiseSource, NoiseStreams
 from dynamics.setup.config import ConfigError, RunConfig
 
 F64 = torch.float64
@@ -71,8 +71,8 @@ def test_engine_statistic_equals_recomputation_from_the_run_streams(order, devic
     run = FullRun(cfg.validate())
     run.run()
     inst = run.instances[0]
-    with NoiseSource(cfg.seed, cfg.runs, cfg.batch, inst.d, device=torch.device(device),
-                     dtype=F64) as noise:
+    with NoiseSource(NoiseStreams(cfg.seed), cfg.runs, cfg.batch, inst.d,
+                     device=torch.device(device), dtype=F64) as noise:
         sizes = [n for n, _ in chunk_schedule(run.steps, noise.chunk_steps)]
         x = np.concatenate([buf[..., : inst.d].cpu().numpy().copy()
                             for buf, _ in noise.chunks(sizes)], axis=1)

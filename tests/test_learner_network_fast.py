@@ -20,7 +20,7 @@ from dynamics.activations import activation_from_callable, torch_activation
 from dynamics.engines.engine import FullRun
 from dynamics.learners.base import Learner
 from dynamics.randomness.counter_stream import fill_normals
-from dynamics.randomness.sampling import NoiseSource, counter_keys
+from dynamics.randomness.sampling import NoiseSource, NoiseStreams, counter_keys
 from dynamics.setup.config import ConfigError, RunConfig
 from hermite.activations_numba import compiled_activation
 
@@ -213,9 +213,10 @@ def test_counter_stream_is_pinned():
 
 def test_counter_streams_in_the_engine():
     """Run r's examples depend on (seed, r) only: not on R, the chunk length or threads."""
-    kw = dict(d=24, device=torch.device("cpu"), dtype=torch.float64, counter=True)
-    with NoiseSource(5, 3, 2, threads=2, chunk_steps=7, **kw) as a, \
-            NoiseSource(5, 1, 2, threads=1, chunk_steps=5, **kw) as b:
+    kw = dict(d=24, device=torch.device("cpu"), dtype=torch.float64)
+    counter = NoiseStreams(5, "counter")
+    with NoiseSource(counter, 3, 2, threads=2, chunk_steps=7, **kw) as a, \
+            NoiseSource(counter, 1, 2, threads=1, chunk_steps=5, **kw) as b:
         xa = torch.cat([x[0, :, :, :24].clone() for x, _ in a.chunks([7, 7, 6])])
         xb = torch.cat([x[0, :, :, :24].clone() for x, _ in b.chunks([5, 5, 5, 5])])
     assert torch.equal(xa, xb)
@@ -225,7 +226,8 @@ def test_counter_streams_in_the_engine():
     other, _ = _run(True, streams="per_run", runs=1, steps=200)
     assert not torch.equal(other.state.rows, one.state.rows)
     with pytest.raises(ValueError, match="CPU only"):
-        NoiseSource(0, 1, 1, 8, device=torch.device("meta"), dtype=torch.float64, counter=True)
+        NoiseSource(NoiseStreams(0, "counter"), 1, 1, 8, device=torch.device("meta"),
+                    dtype=torch.float64)
     with pytest.raises(ConfigError, match="CPU only"):
         RunConfig(instance=dict(SPEC), learner="scratch", streams="counter",
                   device="cuda").validate()

@@ -73,11 +73,12 @@ def full_and_chain_step(d: int, seed: int, *, project: bool, prox: float, batch:
     Z = np.zeros((k, k + batch))
     Z[:, :k] = r.T
     code = compiled_activation(inst.activation)
-    hyp = lc.make_lin_hyper(*code, config.eta, prox, math.sqrt(label_noise), batch, project,
-                            d - t, 1)
+    hyp = lc.make_lin_hyper(lc.LinSettings(code, config.eta, prox, math.sqrt(label_noise),
+                                           batch, project, d - t), 1)
     chain = lc._Start(config, [inst])
     P, Z, m, status = lc.step_given(hyp, chain.L[0], chain.V[0], chain.lam[0], delta[:, :t],
-                                    Z, k, x[:, :t], xe, r2.T, math.sqrt(label_noise) * eps)
+                                    Z, k, lc.GivenExamples(x[:, :t], xe, r2.T,
+                                                           math.sqrt(label_noise) * eps))
     rebuilt = np.zeros((k, d))
     rebuilt[:, :t] = P
     rebuilt[:, t:] = Z[:, :k] @ q.T + Z[:, k: k + batch] @ q2.T

@@ -86,15 +86,16 @@ def full_and_chain_step(variant: str, d: int, seed: int):
     storage = nc.storage_width(width, b)
     Z = np.zeros((width, storage))
     Z[:, :width] = r.T
-    hyp = nc.make_net_hyper(*_code(inst), learner.loss_name == "correlation", learner.free,
-                            learner.train_second_layer, config.eta, config.step_size_c,
-                            math.sqrt(config.label_noise), b, d - t, 1)
+    hyp = nc.make_net_hyper(nc.NetSettings(_code(inst), learner.loss_name == "correlation",
+                                           learner.free, learner.train_second_layer,
+                                           config.eta, config.step_size_c,
+                                           math.sqrt(config.label_noise), b, d - t), 1)
     xe_full = np.zeros((b, storage))
     xe_full[:, :width] = xe
     P, Z, m, lam_hat, status = nc.step_given(
         hyp, v[:, :t], inst.lam, rows[:, :t], Z, width, state_lam(before), learner.mask[0]
-        .double().numpy(), xs[:, :t], xe_full, r2.T, math.sqrt(config.label_noise)
-        * eps[0, 0].numpy())
+        .double().numpy(), nc.GivenExamples(xs[:, :t], xe_full, r2.T,
+                                            math.sqrt(config.label_noise) * eps[0, 0].numpy()))
     chain = {"cross": v[:, :t] @ P.T, "gram": P @ P.T + Z[:, :m] @ Z[:, :m].T,
              "lam_hat": lam_hat}
     return {n: a[0] for n, a in after.items()}, chain, status

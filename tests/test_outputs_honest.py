@@ -232,7 +232,7 @@ def test_integrated_loss_near_zero_stays_nonnegative_and_the_overlay_counts_it()
     goes below 0 at several checkpoints (the integration tolerance): the ODE's loss stays
     ≥ 0, and committee_records puts their number on ``ode_loss`` as ``clamped_below_zero``
     and says so in its note."""
-    from dynamics.overlays.committee import committee_records
+    from dynamics.overlays.committee import CommitteeRegime, CommitteeStarts, committee_records
     from dynamics.setup.config import RunConfig
     from hermite.committee import committee_ode
 
@@ -245,10 +245,11 @@ def test_integrated_loss_near_zero_stays_nonnegative_and_the_overlay_counts_it()
                        rows="free").validate()
     inst = config.run_instances()
     st = near_optimum()
+    starts = CommitteeStarts(st.R.T[None], st.Q[None], st.v[None])
+    regime = CommitteeRegime.of_learner(config, inst[0], starts, loss="squared", rows="free",
+                                        diagonal=False, train_second_layer=False)
     out, attrs = committee_records(config, inst, np.linspace(0, 600 * 2000, 21).astype(int),
-                                   st.R.T[None], st.Q[None], st.v[None], loss="squared",
-                                   diagonal=False, train_second_layer=False, quiet=True,
-                                   rows="free", noise=None)
+                                   starts, regime, quiet=True, noise=None)
     assert np.nanmin(out["ode_loss"]) >= 0.0
     assert attrs["ode_loss"]["clamped_below_zero"] == tr.below_zero
     assert "below 0" in attrs["ode_loss"]["note"]
@@ -481,10 +482,11 @@ def test_a_failed_committee_ode_is_recorded_and_named_in_the_legend(monkeypatch)
 
 
 def test_a_diffusion_skipped_for_its_cost_says_so():
-    from dynamics.overlays.committee import plan_diffusion
+    from dynamics.overlays.committee import CommitteeRegime, plan_diffusion
 
     why = {}
-    assert plan_diffusion("tanh", 0.5, 10_000, 1, 10**7, 16, 4, 4, 50, why=why) is None
+    regime = CommitteeRegime("tanh", 10_000, 4, 4, "squared", 0.5 / 10_000)
+    assert plan_diffusion(regime, 10**7, 16, 50, why=why) is None
     assert why["skipped"].startswith("the diffusion with SGD's step noise was skipped")
 
 

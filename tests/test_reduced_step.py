@@ -14,6 +14,7 @@ from dynamics.activations import torch_activation
 from dynamics.instances.instance import build_instance
 from dynamics.learners import Finetune, Problem
 from dynamics.reduced import _kernel, torch_chain
+from dynamics.reduced._chain import ChainState, RankOneSettings
 from dynamics.reduced.params import pack_instances
 
 D, K = 13, 3
@@ -98,8 +99,8 @@ def test_numba_chain_equals_explicit_dynamics(act, w, project, joint, batch, noi
         u, ch = _explicit_step(inst, u, ch, X, eps, eta, eta_c, project, joint)
     Zg, Ag, Bg, Gg, Eg = (np.stack(v) for v in zip(*variates, strict=True))
     mu, nu, pw, chat = _kernel.replay(
-        pack_instances([inst]), 0, act, project=project, joint=joint, eta=eta, eta_c=eta_c,
-        mu=mu0, nu=nu0, pw=p0, chat=inst.c_hat, Zg=Zg, Ag=Ag, Bg=Bg, Eg=Eg, Gg=Gg)
+        pack_instances([inst]), 0, act, ChainState(mu0, nu0, p0, inst.c_hat), project=project,
+        joint=joint, eta=eta, eta_c=eta_c, Zg=Zg, Ag=Ag, Bg=Bg, Eg=Eg, Gg=Gg)
     p_ref, mu_ref, nu_ref = _state(u)
     np.testing.assert_allclose([mu, nu], [mu_ref, nu_ref], rtol=0, atol=TOL)
     np.testing.assert_allclose(pw, p_ref, rtol=0, atol=TOL)
@@ -129,14 +130,16 @@ def test_torch_step_equals_numba_step(act, conv, project, joint):
     chat = params.c_hat0 + 0.1 * rng.standard_normal((runs, K))
     P = torch_chain.TorchParams.from_params(params, "cpu", torch.float64)
     t = torch.as_tensor
-    got = torch_chain.step(P, inst.activation, project, joint, 0.3, 0.15, t(st[:, K]),
-                           t(st[:, K + 1]), t(st[:, :K]), t(chat), t(Z[:, 0]), t(A[:, 0]),
-                           t(B[:, 0]), t(E[:, 0]), gram=t(G[:, 0]))
+    settings = RankOneSettings(project, joint, 0, 0.3, 0.15, batch, 0.0)
+    got = torch_chain.step(P, inst.activation, settings,
+                           ChainState(t(st[:, K]), t(st[:, K + 1]), t(st[:, :K]), t(chat)),
+                           torch_chain.Draws(t(Z[:, 0]), t(A[:, 0]), t(B[:, 0]), t(E[:, 0]),
+                                             gram=t(G[:, 0])))
     for run in range(runs):
-        ref = _kernel.replay(params, run, act, project=project, joint=joint, eta=0.3,
-                             eta_c=0.15, mu=st[run, K], nu=st[run, K + 1], pw=st[run, :K],
-                             chat=chat[run], Zg=Z[run], Ag=A[run], Bg=B[run], Eg=E[run],
-                             Gg=G[run])
+        ref = _kernel.replay(params, run, act,
+                             ChainState(st[run, K], st[run, K + 1], st[run, :K], chat[run]),
+                             project=project, joint=joint, eta=0.3, eta_c=0.15, Zg=Z[run],
+                             Ag=A[run], Bg=B[run], Eg=E[run], Gg=G[run])
         for x_ref, x_got in zip(ref, got, strict=True):
             np.testing.assert_allclose(x_got[run].numpy(), x_ref, rtol=0, atol=TOL)
 
@@ -163,8 +166,8 @@ def test_numba_chain_equals_full_engine_learner(project, joint, batch):
     z, a, b, gram = _reduced_variates(u, X)
     p0, mu0, nu0 = _state(u)
     mu, nu, pw, chat = _kernel.replay(
-        pack_instances([inst]), 0, "sigmoid", project=project, joint=joint, eta=eta,
-        eta_c=eta_c, mu=mu0, nu=nu0, pw=p0, chat=inst.c_hat, Zg=z[None], Ag=a[None],
+        pack_instances([inst]), 0, "sigmoid", ChainState(mu0, nu0, p0, inst.c_hat),
+        project=project, joint=joint, eta=eta, eta_c=eta_c, Zg=z[None], Ag=a[None],
         Bg=b[None], Eg=noise_sd * eps[None], Gg=gram[None])
     u_full = state.u_hat[0].numpy()
     p_ref, mu_ref, nu_ref = _state(u_full / np.linalg.norm(u_full))

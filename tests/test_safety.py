@@ -17,7 +17,7 @@ from helpers import TINY_SPEC_TOML, sweep_toml
 from dynamics.engines import budget, engine
 from dynamics.engines.engine import chunk_schedule, iter_chunk_schedule
 from dynamics.instances.instance import build_instance
-from dynamics.randomness.sampling import NoiseSource
+from dynamics.randomness.sampling import NoiseSource, NoiseStreams
 from dynamics.setup.config import ConfigError, RunConfig
 from sims.cli import cli
 from sims.io import trajectory as traj_io
@@ -271,12 +271,12 @@ def test_noise_chunks_take_a_generator():
 
     import torch
 
-    with NoiseSource(0, 2, 1, 8, device=torch.device("cpu"), dtype=torch.float64,
-                     chunk_steps=4) as src:
+    with NoiseSource(NoiseStreams(0), 2, 1, 8, device=torch.device("cpu"),
+                     dtype=torch.float64, chunk_steps=4) as src:
         sizes = (n for n, _ in iter_chunk_schedule(np.array([0, 10**12]), 4))
         got = [buf.clone() for buf, _ in itertools.islice(src.chunks(sizes), 3)]
-    with NoiseSource(0, 2, 1, 8, device=torch.device("cpu"), dtype=torch.float64,
-                     chunk_steps=4) as src:
+    with NoiseSource(NoiseStreams(0), 2, 1, 8, device=torch.device("cpu"),
+                     dtype=torch.float64, chunk_steps=4) as src:
         ref = [buf.clone() for buf, _ in src.chunks([4, 4, 4])]
     for a, b in zip(got, ref, strict=True):
         assert torch.equal(a, b)

@@ -56,7 +56,7 @@ from dynamics.engines.resolve import ResolvedRun, resolve_run
 from dynamics.lazy import lazy_import
 from dynamics.learners import Problem, RunResult, get_learner
 from dynamics.learners.directions import initial_directions
-from dynamics.randomness.sampling import NoiseSource, resolve_device, resolve_dtype
+from dynamics.randomness.sampling import NoiseSource, NoiseStreams, resolve_device, resolve_dtype
 from dynamics.runtime.progress import progress_bar
 from dynamics.runtime.resume import ResumeError, RunState
 from dynamics.runtime.trajectory import Trajectory, checkpoint_steps
@@ -340,12 +340,10 @@ class FullRun:
             self.records.add(state)
         begun = int(state.step)
         with _intraop_threads(1) as cores, \
-                NoiseSource(cfg.seed, cfg.runs, cfg.batch, d, extra=int(noisy),
-                            sqnorm_cols=learner.sqnorm_columns, device=self.device,
-                            dtype=self.dtype, threads=cores, chunk_steps=self.chunk_steps,
-                            per_run={"auto": None, "per_run": True, "shared": False,
-                                     "counter": True}[cfg.streams],
-                            counter=cfg.streams == "counter") as noise, \
+                NoiseSource(NoiseStreams(cfg.seed, cfg.streams), cfg.runs, cfg.batch, d,
+                            extra=int(noisy), sqnorm_cols=learner.sqnorm_columns,
+                            device=self.device, dtype=self.dtype, threads=cores,
+                            chunk_steps=self.chunk_steps) as noise, \
                 progress_bar(cfg.steps, enabled=progress, unit="step", desc="SGD",
                              initial=begun) as bar:
             self.chunk_steps = noise.chunk_steps

@@ -381,8 +381,8 @@ class LinearizedFullRank(Learner):
             return
         from dynamics.learners.network_kernel import linear_chunk
 
-        linear_chunk(delta, x, pre.z, pre.y, pre.f0, pre.beta, self.problem.l, self.eta_r,
-                     norms, prox=self.prox, project=self.project)
+        linear_chunk(delta, x, pre, self.problem.l, self.eta_r, norms, prox=self.prox,
+                     project=self.project)
         state.step += n
 
     def observe(self, state: FullRankState) -> dict:
@@ -505,6 +505,7 @@ def _theory_group(result, inst, idx, full_rank, curves, floors, notes) -> None:
         linear_model_quadratic,
         linear_model_rank1_ode,
     )
+    from hermite.flows.regime import FinetuneRegime
 
     cfg, rec, steps, o = result.config, result.records, result.steps, result.config.options
     quad = linear_model_quadratic(inst)
@@ -513,10 +514,10 @@ def _theory_group(result, inst, idx, full_rank, curves, floors, notes) -> None:
                                 quad=quad)
     else:
         c0 = rec["c_hat"][idx, 0] if o.joint_c else None
-        mean = linear_model_rank1_ode(inst, rec["coords"][idx, 0], cfg.eta, steps, c0=c0,
-                                      project=o.project, joint_c=o.joint_c,
-                                      eta_c=cfg.step_size_c, prox=o.prox, quad=quad,
-                                      rtol=ODE_RTOL)
+        regime = FinetuneRegime(cfg.eta, project=o.project, joint_c=o.joint_c,
+                                eta_c=cfg.step_size_c, prox=o.prox)
+        mean = linear_model_rank1_ode(inst, rec["coords"][idx, 0], regime, steps, c0=c0,
+                                      quad=quad, rtol=ODE_RTOL)
     for out, value in zip(curves, (mean.overlap, mean.loss_linear, mean.loss_true),
                           strict=True):
         out[idx] = value

@@ -435,7 +435,7 @@ class NetworkLearner(Learner):
         On CPU with a registry σ: one call of the compiled kernel (``network_kernel``: the
         same update, same examples, equal up to rounding); else :meth:`step_prepared_` per
         step (the reference, and the path on CUDA)."""
-        from dynamics.learners.network_kernel import network_chunk
+        from dynamics.learners.network_kernel import RowRule, network_chunk
         from hermite.activations_numba import compiled_activation
 
         rows, n = state.rows, x.shape[1]
@@ -451,9 +451,10 @@ class NetworkLearner(Learner):
             runs, _, b, d = x.shape
             a_pre = torch.bmm(x.reshape(runs, n * b, d), rows.transpose(1, 2)).reshape(
                 runs, n, b, -1)
+        rule = RowRule(code, self.loss_name == CORRELATION, self.train_second_layer,
+                       self.free)
         network_chunk(rows, state.lam_hat, x, pre.y, self.eta_r, self.eta_c_r, self.mask,
-                      norms, activation=code, correlation=self.loss_name == CORRELATION,
-                      train=self.train_second_layer, a_pre=a_pre, free=self.free)
+                      norms, rule=rule, a_pre=a_pre)
         state.step += n
 
     def bad_runs(self, state: NetworkState) -> torch.Tensor:
@@ -510,7 +511,7 @@ class NetworkLearner(Learner):
         """Exact loss and alignment (also ``extra['alignment']``) at every checkpoint, and the
         committee-machine ODE's from each run's initial overlaps (``extra['ode_loss']``,
         ``extra['ode_alignment']``; :mod:`dynamics.overlays.committee`)."""
-        from dynamics.overlays.committee import committee_records
+        from dynamics.overlays.committee import CommitteeRegime, CommitteeStarts, committee_records
 
         rec = result.records
         insts = result.instances
@@ -520,11 +521,12 @@ class NetworkLearner(Learner):
         extra = {"alignment": align}
         if self.train_second_layer:
             extra["lam_hat"] = rec["lam_hat"]
-        ode, attrs = committee_records(
-            result.config, result.instances, result.steps, rec["cross"][:, 0],
-            rec["gram"][:, 0], rec["lam_hat"][:, 0], self.mask.cpu().numpy(),
-            loss=self.loss_name, diagonal=self.diagonal_alignment,
-            train_second_layer=self.train_second_layer, rows=self.rows)
+        starts = CommitteeStarts(rec["cross"][:, 0], rec["gram"][:, 0], rec["lam_hat"][:, 0],
+                                 self.mask.cpu().numpy())
+        regime = CommitteeRegime.of_learner(
+            result.config, insts[0], starts, loss=self.loss_name, rows=self.rows,
+            diagonal=self.diagonal_alignment, train_second_layer=self.train_second_layer)
+        ode, attrs = committee_records(result.config, insts, result.steps, starts, regime)
         extra.update(ode)
         if self.given is not None:
             attrs.setdefault("alignment", {}).update(given_rows_attrs(*self.given))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import namedtuple
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ from dynamics.runtime.numba_cache import SIGMA_SOURCE, drop_stale_cache
 from dynamics.runtime.run_threads import over_runs
 from hermite.activations_numba import sigma_and_deriv
 
-__all__ = ["network_chunk", "linear_chunk", "examples_view", "RowArrays",
+__all__ = ["network_chunk", "linear_chunk", "RowRule", "examples_view", "RowArrays",
            "ChunkView", "RowFlags", "LinearArrays", "LinearFlags"]
 
 # reassociation (vectorised reductions) and contraction (FMA); no nnan/ninf: NaN must survive
@@ -66,6 +67,19 @@ RowFlags = namedtuple("RowFlags", ["code", "p", "scale", "correlation", "train",
 LinearArrays = namedtuple("LinearArrays", ["delta", "z", "y", "f0", "beta", "lmat", "eta",
                                            "norms"])
 LinearFlags = namedtuple("LinearFlags", ["prox", "project"])
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """The network learner's update rule of its rows: σ by ``activation`` (code, p, a) from
+    :func:`hermite.activations_numba.compiled_activation`, the correlation loss (else the
+    squared loss), a trained second layer λ̂, and free rows (plain SGD; else unit rows,
+    spherical SGD)."""
+
+    activation: tuple
+    correlation: bool
+    train: bool
+    free: bool = False
 
 
 def examples_view(x: torch.Tensor):
@@ -297,27 +311,25 @@ def _network_runs(ar, cv, fl) -> None:
 
 def network_chunk(rows: torch.Tensor, lam_hat: torch.Tensor, x: torch.Tensor,
                   y: torch.Tensor, eta_r: torch.Tensor, eta_c_r: torch.Tensor,
-                  mask: torch.Tensor, norms: torch.Tensor, *, activation: tuple,
-                  correlation: bool, train: bool, a_pre: torch.Tensor | None = None,
-                  free: bool = False) -> None:
-    """n SGD steps of rows in place (module docstring; CPU tensors): spherical (unit rows)
-    or plain (``free``).
+                  mask: torch.Tensor, norms: torch.Tensor, *, rule: RowRule,
+                  a_pre: torch.Tensor | None = None) -> None:
+    """n SGD steps of rows in place (module docstring; CPU tensors) by ``rule``: spherical
+    (unit rows) or plain (``rule.free``).
 
     rows (R, k′, d) and lam_hat (R, k′) contiguous, updated in place; x (R, n, b, d) the
     examples (last axis contiguous), y (R, n, b) their labels; eta_r, eta_c_r (R,) step
     sizes; mask (R, k′) trainable rows; norms (n, R) receives minⱼ 1/nⱼ per step; a_pre
-    (R, n, b, k′) the precomputed aⱼ of the rows the mask freezes (None: computed here);
-    ``activation`` (code, p, a) from :func:`hermite.activations_numba.compiled_activation`.
+    (R, n, b, k′) the precomputed aⱼ of the rows the mask freezes (None: computed here).
     """
     xf, off, s0, s1, s2 = examples_view(x)
     has_pre = a_pre is not None
     pre = (a_pre.contiguous() if has_pre else torch.empty((1, 1, 1, 1), dtype=rows.dtype))
-    code, p, scale = activation
+    code, p, scale = rule.activation
     arrays = RowArrays(rows.numpy(), lam_hat.numpy(), eta_r.numpy(), eta_c_r.numpy(),
                        mask.numpy(), y.contiguous().numpy(), pre.numpy(), norms.numpy())
     _network_runs(arrays, ChunkView(xf, off, s0, s1, s2, x.shape[1]),
-                  RowFlags(int(code), int(p), float(scale), bool(correlation), bool(train),
-                           has_pre, bool(free)))
+                  RowFlags(int(code), int(p), float(scale), bool(rule.correlation),
+                           bool(rule.train), has_pre, bool(rule.free)))
 
 
 # ---------------------------------------------------------------------------- full-rank Δ
@@ -438,19 +450,21 @@ def _linear_runs(ar, cv, fl) -> None:
     over_runs(_linear_block, ar.delta.shape[0], ar, cv, fl)
 
 
-def linear_chunk(delta: torch.Tensor, x: torch.Tensor, z: torch.Tensor, y: torch.Tensor,
-                 f0: torch.Tensor, beta: torch.Tensor, l: torch.Tensor, eta_r: torch.Tensor,
-                 norms: torch.Tensor, *, prox: float, project: bool) -> None:
+def linear_chunk(delta: torch.Tensor, x: torch.Tensor, pre, l: torch.Tensor,
+                 eta_r: torch.Tensor, norms: torch.Tensor, *, prox: float,
+                 project: bool) -> None:
     """n plain SGD steps of a full-rank Δ (R, k, d) in place (module docstring; CPU tensors).
 
-    x (R, n, b, d); z, beta (R, n, b, k) (Wx and βⱼ = λⱼσ′(zⱼ)); y, f0 (R, n, b); l (k, k)
-    or (R, k, k) the rows wⱼ (first k coordinates); norms (n, R) receives
-    (1 + mean_b r²)^{−1/2} per step.
+    x (R, n, b, d); ``pre`` the chunk's prepared quantities
+    (:class:`~dynamics.learners.linearized.LinearPrepared`): z, beta (R, n, b, k) (Wx and
+    βⱼ = λⱼσ′(zⱼ)), y, f0 (R, n, b); l (k, k) or (R, k, k) the rows wⱼ (first k
+    coordinates); norms (n, R) receives (1 + mean_b r²)^{−1/2} per step.
     """
     xf, off, s0, s1, s2 = examples_view(x)
     lmat = (l if l.dim() == 3 else l[None]).contiguous()
-    arrays = LinearArrays(delta.numpy(), z.contiguous().numpy(), y.contiguous().numpy(),
-                          f0.contiguous().numpy(), beta.contiguous().numpy(), lmat.numpy(),
-                          eta_r.numpy(), norms.numpy())
+    arrays = LinearArrays(delta.numpy(), pre.z.contiguous().numpy(),
+                          pre.y.contiguous().numpy(), pre.f0.contiguous().numpy(),
+                          pre.beta.contiguous().numpy(), lmat.numpy(), eta_r.numpy(),
+                          norms.numpy())
     _linear_runs(arrays, ChunkView(xf, off, s0, s1, s2, x.shape[1]),
                  LinearFlags(float(prox), bool(project)))

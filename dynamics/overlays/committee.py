@@ -5,7 +5,8 @@ For ``scratch``, ``scratch-csq`` and ``sparse`` runs, the order-parameter ODE of
 overlaps: Q₀ = the student Gram, R₀ = crossᵀ, v₀ = λ̂₀ at the first checkpoint; teacher T =
 the teacher rows' Gram (a committee teacher's too), A = λ·output_scale; η̄ = η·d,
 η̄_v = η_c·d (trained second layer), label noise, batch; ``sparse``: only its s rows move
-(``trainable``) and the alignment is diagonal.
+(``trainable``) and the alignment is diagonal. What the runs' ODEs and diffusion share is one
+:class:`CommitteeRegime`, built once from the learner's options, the config and the instance.
 Integrated to α = steps/d at the checkpoints: the expected one-step map where the horizon is
 short (≤ :data:`ODE_EVALS` steps), ``solve_ivp`` otherwise. Runs with identical initial
 state (and instance, mask) share one ODE; the distinct starts of one model are integrated
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -57,7 +58,8 @@ from hermite.committee.diffusion import (
 )
 
 __all__ = ["ODE_EVALS", "SECOND_ORDER_BUDGET_S", "SECOND_ORDER_MAX_FIELDS",
-           "committee_applies", "committee_model", "committee_state", "drift_seconds",
+           "CommitteeRegime", "CommitteeStarts", "committee_applies", "committee_model",
+           "committee_state", "drift_seconds",
            "rounding_repaired", "second_order_share", "first_order_note",
            "plan_order", "plan_diffusion", "diffusion_seconds", "integrate", "integrate_batch",
            "committee_records", "DIFFUSION_PATHS"]
@@ -114,6 +116,84 @@ def committee_state(cross, gram, lam_hat, rows: str = "unit") -> CommitteeState:
     np.fill_diagonal(Q, 1.0)
     R = np.asarray(cross, dtype=np.float64).T / n[:, None]
     return CommitteeState.from_arrays(Q, R, np.asarray(lam_hat, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class CommitteeStarts:
+    """Each run's initial overlaps: cross ⟨vᵢ, ŵⱼ⟩ (R, k, k′), student Gram (R, k′, k′), λ̂
+    (R, k′) and its trainable rows ``masks`` (R, k′) (None: all)."""
+
+    cross: np.ndarray
+    gram: np.ndarray
+    lam_hat: np.ndarray
+    masks: np.ndarray | None = None
+
+    def __post_init__(self):
+        for name in ("cross", "gram", "lam_hat"):
+            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=np.float64))
+        masks = np.ones(self.lam_hat.shape, dtype=bool) if self.masks is None else \
+            np.asarray(self.masks, bool)
+        object.__setattr__(self, "masks", masks)
+
+    @property
+    def K(self) -> int:
+        """Student rows k′."""
+        return self.gram.shape[-1]
+
+    @property
+    def M(self) -> int:
+        """Teacher rows k."""
+        return self.cross.shape[-2]
+
+
+@dataclass(frozen=True)
+class CommitteeRegime:
+    """A network learner's committee theory, what its ODE, diffusion and first passage share:
+    the instances' ``activation`` and dimension ``d``; K student and M teacher rows; the
+    ``loss`` (squared, correlation) and ``rows`` (unit, free); the step size ``eta``
+    (η̄ = η·d) and the second layer's ``eta_c`` (None: λ̂ frozen); the label-noise variance
+    and the mini-batch; the ``diagonal`` alignment (sparse); ``second_order``: the η² terms
+    kept (None: planned by :func:`committee_records`); the Gaussian integrals' ``method``."""
+
+    activation: object
+    d: int
+    K: int
+    M: int
+    loss: str
+    eta: float
+    eta_c: float | None = None
+    label_noise: float = 0.0
+    batch: int = 1
+    rows: str = "unit"
+    diagonal: bool = False
+    second_order: bool | None = True
+    method: str = "auto"
+
+    @classmethod
+    def of_learner(cls, config, inst, starts: CommitteeStarts, *, loss: str, rows: str,
+                   diagonal: bool, train_second_layer: bool) -> CommitteeRegime:
+        """The regime of ``config``'s runs from ``starts`` on instance ``inst``, for a learner
+        with this ``loss``, ``rows`` and ``diagonal`` alignment (λ̂ trained at
+        ``config.step_size_c`` with ``train_second_layer``); its order to be planned."""
+        return cls(inst.activation, inst.d, starts.K, starts.M, loss, config.eta,
+                   eta_c=config.step_size_c if train_second_layer else None,
+                   label_noise=config.label_noise, batch=config.batch, rows=rows,
+                   diagonal=diagonal, second_order=None)
+
+    @property
+    def eta_d(self) -> float:
+        """η̄ = η·d."""
+        return self.eta * self.d
+
+    def model(self, inst, trainable=None) -> CommitteeModel:
+        """Its :func:`committee_model` on instance ``inst`` (``trainable``: the rows that
+        move, None: all)."""
+        if self.second_order is None:
+            raise ValueError("the committee regime's order is not planned (second_order None)")
+        return committee_model(inst, loss=self.loss, eta=self.eta, eta_c=self.eta_c,
+                               label_noise=self.label_noise, batch=self.batch,
+                               trainable=trainable, second_order=self.second_order,
+                               rows=self.rows, method=self.method)
 
 
 def drift_seconds(activation, K: int, M: int, second_order: bool) -> float:
@@ -225,11 +305,11 @@ def integrate_batch(model: CommitteeModel, states, steps, d: int, *,
     return [(tr.loss, _alignment(tr, model, diagonal)) for tr in trs]
 
 
-def plan_diffusion(activation, eta_d: float, d: int, batch: int, span: int, starts: int,
-                   K: int, M: int, checkpoints: int, paths: int | None = -1,
-                   why: dict | None = None) -> int | None:
-    """Paths per start of the diffusion (``hermite.committee.diffusion``) recorded instead of
-    the deterministic ODE, or None: where η·d ≥ :data:`NOISE_NOTE_ETA_D` (the step noise
+def plan_diffusion(regime: CommitteeRegime, span: int, starts: int, checkpoints: int,
+                   paths: int | None = -1, why: dict | None = None) -> int | None:
+    """Paths per start of the diffusion (``hermite.committee.diffusion``) of ``regime``
+    recorded instead of the deterministic ODE over ``span`` steps from ``starts`` distinct
+    starts, or None: where η·d ≥ :data:`NOISE_NOTE_ETA_D` (the step noise
     moves the plateau escape) over more than :data:`ODE_EVALS` steps, with
     :data:`DIFFUSION_PATHS` paths in all (at least one per start) within
     :data:`SECOND_ORDER_BUDGET_S` by :func:`diffusion_seconds`. ``paths`` ≥ 1 forces that
@@ -237,12 +317,13 @@ def plan_diffusion(activation, eta_d: float, d: int, batch: int, span: int, star
     due but is over the budget."""
     if paths is None or paths >= 1:
         return paths
-    if eta_d < NOISE_NOTE_ETA_D or span <= ODE_EVALS:
+    if regime.eta_d < NOISE_NOTE_ETA_D or span <= ODE_EVALS:
         return None
     per = max(1, -(-DIFFUSION_PATHS // starts))
-    steps = math.ceil(span / d / DIFFUSION_STEP) + checkpoints
-    points = diffusion_points(eta_d, d, batch)
-    cost = diffusion_seconds(activation, K, M, starts * per, steps, points)
+    steps = math.ceil(span / regime.d / DIFFUSION_STEP) + checkpoints
+    points = diffusion_points(regime.eta_d, regime.d, regime.batch)
+    cost = diffusion_seconds(regime.activation, regime.K, regime.M, starts * per, steps,
+                             points)
     if cost > SECOND_ORDER_BUDGET_S:
         if why is not None:
             why["skipped"] = (f"the diffusion with SGD's step noise was skipped: ≈ {cost:.0f} s "
@@ -275,11 +356,13 @@ def diffusion_seconds(activation, K: int, M: int, paths: int, steps: int,
     return steps * (3e-3 + paths * (points * per + drift))
 
 
-def _diffusion_records(config, instances, steps, groups, start, paths, diagonal, rows,
-                       eta_d) -> tuple[dict, dict]:
-    """:func:`committee_records` from the diffusion, ``paths`` per distinct start (``groups``:
-    the runs of each start; ``start(r, second_order)``: run r's model and state)."""
+def _diffusion_records(config, instances, steps, groups, start, paths,
+                       regime: CommitteeRegime) -> tuple[dict, dict]:
+    """:func:`committee_records` from the diffusion of ``regime``, ``paths`` per distinct
+    start (``groups``: the runs of each start; ``start(r, second_order)``: run r's model and
+    state)."""
     runs, cps = len(instances), len(steps)
+    diagonal, rows, eta_d = regime.diagonal, regime.rows, regime.eta_d
     out_loss, out_align = np.full((runs, cps), np.nan), np.full((runs, cps), np.nan)
     se, repaired, em_steps = 0.0, 0, 0
     alphas = (np.asarray(steps) - steps[0]) / float(instances[0].d)
@@ -335,59 +418,51 @@ def rounding_repaired(state: CommitteeState, T: np.ndarray, rows: str,
     return CommitteeState.from_arrays(Q[0], R[0], state.v)
 
 
-def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None, *,
-                      loss: str, diagonal: bool, train_second_layer: bool,
-                      quiet: bool = False, second_order: bool | None = None,
-                      rows: str = "unit", noise: int | None = -1) -> tuple[dict, dict]:
-    """({"ode_loss": (R, C), "ode_alignment": (R, C)}, their HDF5 attributes) from each run's
-    initial cross (R, k, k′), Gram (R, k′, k′), λ̂ (R, k′) and trainable rows ``masks``
-    (R, k′) (None: all); ({}, {}) where :func:`committee_applies` is false.
+def committee_records(config, instances, steps, starts: CommitteeStarts,
+                      regime: CommitteeRegime, *, quiet: bool = False,
+                      noise: int | None = -1) -> tuple[dict, dict]:
+    """({"ode_loss": (R, C), "ode_alignment": (R, C)}, their HDF5 attributes) of ``regime``
+    from each run's initial overlaps ``starts``; ({}, {}) where :func:`committee_applies` is
+    false.
 
-    ``second_order``: force the order (None: :func:`plan_order`). An ODE that fails (a state
-    the ODE rejects, divergence) gives NaN for its runs and a note. ``noise``: paths per start
-    of the diffusion with SGD's step noise (:func:`plan_diffusion`; −1: planned, None: the
-    deterministic ODE).
+    ``regime.second_order``: the order asked for (None: :func:`plan_order`). An ODE that fails
+    (a state the ODE rejects, divergence) gives NaN for its runs and a note. ``noise``: paths
+    per start of the diffusion with SGD's step noise (:func:`plan_diffusion`; −1: planned,
+    None: the deterministic ODE).
     """
     if not committee_applies(config, instances):
         return {}, {}
     runs, cps = len(instances), len(steps)
-    cross0, gram0, lam0 = (np.asarray(a, dtype=np.float64) for a in (cross0, gram0, lam0))
-    masks = np.ones(lam0.shape, dtype=bool) if masks is None else np.asarray(masks, bool)
+    cross0, gram0, lam0, masks = starts.cross, starts.gram, starts.lam_hat, starts.masks
     groups: dict = {}
     for r, inst in enumerate(instances):
         key = (id(inst), cross0[r].tobytes(), gram0[r].tobytes(), lam0[r].tobytes(),
                masks[r].tobytes())
         groups.setdefault(key, []).append(r)
-    K, M = gram0.shape[-1], cross0.shape[-2]
+    K, M, rows, diagonal = regime.K, regime.M, regime.rows, regime.diagonal
     span = int(steps[-1] - steps[0])
     evals = min(span, ODE_EVALS)
-    if second_order is None:
+    if regime.second_order is None:
         order, reason = plan_order(instances[0].activation, K, M, len(groups), evals)
     else:
-        order, reason = (2 if second_order else 1), "requested"
-    eta_c = config.step_size_c if train_second_layer else None
+        order, reason = (2 if regime.second_order else 1), "requested"
 
     def start(r, second: bool):
-        inst = instances[r]
-        model = committee_model(inst, loss=loss, eta=config.eta, eta_c=eta_c,
-                                label_noise=config.label_noise, batch=config.batch,
-                                trainable=masks[r], second_order=second, rows=rows)
+        model = replace(regime, second_order=second).model(instances[r], masks[r])
         state = committee_state(cross0[r], gram0[r], lam0[r], rows)
         if config.dtype == "float32":  # overlaps rounded to ~1e-7
             state = rounding_repaired(state, model.T, rows)
         return model, state
 
-    eta_d = config.eta * instances[0].d
-    if second_order is not None and noise == -1:
+    eta_d = regime.eta_d
+    if regime.second_order is not None and noise == -1:
         noise = None  # an order asked for: the deterministic ODE
     planned: dict = {}
-    noise = plan_diffusion(instances[0].activation, eta_d, instances[0].d, config.batch, span,
-                           len(groups), K, M, cps, noise, why=planned)
+    noise = plan_diffusion(regime, span, len(groups), cps, noise, why=planned)
     diffusion_failed = None
     if noise is not None:
         try:
-            return _diffusion_records(config, instances, steps, groups, start, noise,
-                                      diagonal, rows, eta_d)
+            return _diffusion_records(config, instances, steps, groups, start, noise, regime)
         except (ValueError, RuntimeError) as exc:
             diffusion_failed = (f"the diffusion with SGD's step noise failed ({exc}): the "
                                 "deterministic ODE instead")
@@ -399,8 +474,8 @@ def committee_records(config, instances, steps, cross0, gram0, lam0, masks=None,
             first = start(next(iter(groups.values()))[0], True)
         except (ValueError, RuntimeError):
             first = None
-        note = first_order_note(first, reason, K, M, config.eta * instances[0].d)
-        if second_order is None and not quiet:
+        note = first_order_note(first, reason, K, M, eta_d)
+        if regime.second_order is None and not quiet:
             _note(f"{note}; --no-finite-d-theory skips it")
     out_loss, out_align = np.full((runs, cps), np.nan), np.full((runs, cps), np.nan)
     failed, integrator = [], "map" if span <= ODE_EVALS else "solve_ivp"

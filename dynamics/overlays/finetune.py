@@ -49,6 +49,7 @@ __all__ = [
     "finetune_start",
     "initial_drift_sign",
     "budget_starts",
+    "finetune_regime",
 ]
 
 FINITE_D_MAX_ETA_D = 10.0  # beyond η·d ≈ 10 SGD is far past its noise floor / diverges
@@ -67,6 +68,15 @@ BAND_STEP_S = 0.01  # and ≈ 0.01 s of Python per RK4 step for each group of ru
 POLYNOMIAL_TERMS = 16  # a Mehler series of at most this many terms costs as a closed form
 RATE_GROWTH = 1.5  # the drift's stiffness along the corrected ODE over its value at the start
 # (Fig. 3's setting, ReLU, ξ = √k: up to 1.3× at k = 50, 1.9× at k = 20)
+
+
+def finetune_regime(config, inst: Instance):
+    """The learner's :class:`hermite.FinetuneRegime` on ``inst``: its options (project,
+    joint_c, prox), step sizes, and the runs' d, batch and label noise."""
+    o = config.options
+    return hermite.FinetuneRegime(config.eta, project=o.project, joint_c=o.joint_c,
+                                  eta_c=config.step_size_c, prox=o.prox, d=inst.d,
+                                  batch=config.batch, label_noise=config.label_noise)
 
 
 def theory_applies(config) -> bool:
@@ -121,12 +131,17 @@ def theory_records(config, instances: list[Instance], m0: np.ndarray,
         steps = np.asarray(steps)
         for inst, idx in group_runs(instances):
             m0_g = np.asarray(m0)[idx]
-            line = _attempt(failed, "corrected", idx, hermite.corrected_ode, inst, config.eta,
-                            inst.d, m0_g, steps, label_noise=config.label_noise)
+            regime = finetune_regime(config, inst)
+            table = _attempt(failed, "corrected", idx, hermite.regime_table, inst, regime)
+            if table is None:  # neither line has its drift
+                failed.setdefault("band", []).append(failed["corrected"][-1])
+                continue
+            line = _attempt(failed, "corrected", idx, hermite.corrected_ode, inst, regime.eta,
+                            regime.d, m0_g, steps, table=table)
             if line is not None:
                 corr[idx] = line
-            band = _attempt(failed, "band", idx, hermite.theory_band, inst, config.eta, inst.d,
-                            steps, m0=m0_g, label_noise=config.label_noise)
+            band = _attempt(failed, "band", idx, hermite.theory_band, inst, regime.eta,
+                            regime.d, steps, m0=m0_g, table=table)
             if band is not None:
                 lo[idx], hi[idx] = band.lower, band.upper
         out.update(ode_corrected=corr, band_lower=lo, band_upper=hi)
@@ -205,25 +220,22 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
         why["band"] = band_skipped
     failed = {}
     for inst, idx in group_runs(instances):
-        kw = dict(mu0=mu0[idx], p0=p0[idx], c_hat0=c0[idx], project=o.project,
-                  joint_c=o.joint_c, eta_c=config.step_size_c, prox=o.prox)
-        sol = _attempt(failed, "ode", idx, hermite.finetune_ode, inst, config.eta, steps, **kw)
+        regime = finetune_regime(config, inst)
+        start = hermite.FinetuneStart(mu0=mu0[idx], p0=p0[idx], c_hat0=c0[idx])
+        sol = _attempt(failed, "ode", idx, hermite.finetune_ode, inst, regime, steps, start)
         if sol is not None:
             ode[idx], c_ode[idx] = sol.m, sol.c_overlap
         cidx = idx[chosen[idx]]
         if corrected and cidx.size:
-            ckw = dict(mu0=mu0[cidx], p0=p0[cidx], c_hat0=c0[cidx]) if partial else {}
-            sol = _attempt(failed, "corrected", cidx, hermite.finetune_ode, inst, config.eta,
-                           steps, corrected=True, d=inst.d, batch=config.batch,
-                           label_noise=config.label_noise, **(kw | ckw))
+            chosen_start = hermite.FinetuneStart(mu0=mu0[cidx], p0=p0[cidx], c_hat0=c0[cidx])
+            sol = _attempt(failed, "corrected", cidx, hermite.finetune_ode, inst, regime, steps,
+                           chosen_start, corrected=True)
             if sol is not None:
                 corr[cidx], c_corr[cidx] = sol.m, sol.c_overlap
         if band is not None:
             from hermite.finetune.band import joint_band
 
-            b = _attempt(failed, "band", idx, joint_band, inst, config.eta, inst.d, steps,
-                         mu0[idx], c0[idx], eta_c=config.step_size_c,
-                         label_noise=config.label_noise)
+            b = _attempt(failed, "band", idx, joint_band, inst, regime, steps, start)
             if b is not None:
                 for key, edge in zip(band, (b.lower, b.upper, b.c_lower, b.c_upper),
                                      strict=True):
@@ -324,13 +336,11 @@ def _joint_band_plan(config, instances: list[Instance], steps, rho: float = 0.0)
     from dynamics.measures.losses import pair_kernel
     from hermite.finetune.band import BAND_NODES, joint_band_applies
 
-    o = config.options
-    if not o.joint_c:
+    if not config.options.joint_c:
         return None, None
     inst = instances[0]
-    model = hermite.FinetuneModel(inst, config.eta, project=o.project, joint_c=o.joint_c,
-                                  eta_c=config.step_size_c, prox=o.prox,
-                                  kernel=pair_kernel(inst.activation, inst.unit_rows))
+    model = hermite.FinetuneModel.of(inst, finetune_regime(config, inst),
+                                     kernel=pair_kernel(inst.activation, inst.unit_rows))
     if joint_band_applies(model, config.batch) is not None:
         return None, None
     groups = len(list(group_runs(instances)))
@@ -384,11 +394,9 @@ def _start_rate(config, instances: list[Instance], p0, mu0, c0) -> float:
     (:func:`hermite.finetune.population.drift_rate`, per SGD step; 0 where it fails)."""
     from hermite.finetune.population import drift_rate
 
-    o = config.options
     inst, idx = group_runs(instances)[0]
     idx = idx[:4]
-    model = hermite.FinetuneModel(inst, config.eta, project=o.project, joint_c=o.joint_c,
-                                  eta_c=config.step_size_c, prox=o.prox)
+    model = hermite.FinetuneModel.of(inst, finetune_regime(config, inst))
     try:
         with np.errstate(all="ignore"):
             rho = drift_rate(model, p0[idx], mu0[idx], c0[idx])

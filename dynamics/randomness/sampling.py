@@ -16,11 +16,11 @@ a run's examples there depend on the chunk schedule too: the same config and see
 same numbers, but a batch replays single runs exactly only while the chunk length (at most
 ``MAX_CHUNK_STEPS``, less when R·b·w is large) is the same for both. Per-run draws also cost
 one kernel launch per run and chunk, which caps the CUDA engine near 10⁶ run-steps/s; so
-``per_run=False`` (the default on CUDA, config ``streams``) draws every run's examples of a
+kind ``shared`` (the default on CUDA, config ``streams``) draws every run's examples of a
 chunk in ONE call from one generator seeded by (seed, ``data_shared``): run r's numbers then
 depend on R, but the same config and seed still give the same numbers.
 
-``counter=True`` (config ``streams = "counter"``, CPU only) fills each run's slab with the
+Kind ``counter`` (config ``streams = "counter"``, CPU only) fills each run's slab with the
 counter-based ziggurat of :mod:`dynamics.randomness.counter_stream` instead: number m of run r is a
 function of (seed, r, m) alone (so again independent of R and of the chunking), the law is the
 same, the draws are not, and a number costs ~3 ns against ~18 ns for torch's float64
@@ -37,6 +37,7 @@ drawn (same chunk length, same schedule from there).
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,6 +54,7 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "uniform_perp_directions",
+    "NoiseStreams",
     "NoiseSource",
 ]
 
@@ -101,9 +103,25 @@ def uniform_perp_directions(seed: int, runs: int, d: int, k: int) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class NoiseStreams:
+    """Which streams a :class:`NoiseSource` draws from: the master ``seed`` and the ``kind``
+    (config ``streams``): ``per_run`` (one generator per run), ``shared`` (one for all
+    runs), ``counter`` (counter-based, CPU only) or ``auto`` (per run on CPU, shared on
+    CUDA)."""
+
+    seed: int
+    kind: str = "auto"
+
+    def __post_init__(self):
+        if self.kind not in ("auto", "per_run", "shared", "counter"):
+            raise ValueError(f"stream kind must be auto, per_run, shared or counter, got "
+                             f"{self.kind!r}")
+
+
 class NoiseSource:
     """Chunks of examples for R runs, one ``torch.Generator`` per run, or one for all runs
-    (``per_run=False``; default: per run on CPU, shared on CUDA) — see the module doc.
+    (by ``streams.kind``; default: per run on CPU, shared on CUDA) — see the module doc.
 
     :meth:`chunks` yields, per requested chunk of n steps, a view (R, n, b, w) of fresh
     N(0, 1) numbers — columns 0..d−1 of an example are x, column d (``extra`` = 1) is the
@@ -112,11 +130,12 @@ class NoiseSource:
     next is drawn by background threads into a second buffer (double buffering).
     """
 
-    def __init__(self, seed: int, runs: int, batch: int, d: int, *, extra: int = 0,
-                 sqnorm_cols: tuple[int, int] | None = None, device: torch.device,
-                 dtype: torch.dtype, chunk_steps: int | None = None,
-                 threads: int | None = None, per_run: bool | None = None,
-                 counter: bool = False):
+    def __init__(self, streams: NoiseStreams, runs: int, batch: int, d: int, *,
+                 extra: int = 0, sqnorm_cols: tuple[int, int] | None = None,
+                 device: torch.device, dtype: torch.dtype, chunk_steps: int | None = None,
+                 threads: int | None = None):
+        seed, kind = streams.seed, streams.kind
+        counter = kind == "counter"
         if counter and device.type != "cpu":
             raise ValueError("streams 'counter' are CPU only (use per_run or shared)")
         self.width, self.batch = row_width(d, extra), batch
@@ -128,8 +147,8 @@ class NoiseSource:
                         for _ in range(2)]
         self.sqnorms = [torch.empty(shape, dtype=dtype, device=device) for _ in range(2)]
         self.sqnorm_cols = sqnorm_cols
-        self.per_run = device.type == "cpu" if per_run is None else bool(per_run)
-        self.counter, self._drawn = bool(counter), 0  # numbers drawn per run so far
+        self.per_run = device.type == "cpu" if kind == "auto" else kind != "shared"
+        self.counter, self._drawn = counter, 0  # numbers drawn per run so far
         self.capture = False  # keep the streams' state before each chunk drawn (resuming)
         self._started, self._snapshot = 0, None  # chunks started; (index, state) kept
         if self.counter:  # counter-based ziggurat (``dynamics.randomness.counter_stream``)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import namedtuple
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -27,7 +28,8 @@ from dynamics.reduced import _rng
 from dynamics.reduced._drive import M_TOL, drive, overlap_status
 from hermite.activations_numba import sigma, sigma_and_deriv
 
-__all__ = ["Hyper", "Inst", "Runs", "Records", "FLAT_ARGS", "make_hyper", "run_one",
+__all__ = ["Hyper", "Inst", "Runs", "Records", "ChainState", "FLAT_ARGS", "RankOneSettings",
+           "make_hyper", "typed_hyper", "run_one",
            "run_index", "scratch", "M_TOL", "N_WORK_K", "N_WORK_B"]
 
 Hyper = namedtuple("Hyper", ["project", "joint", "code", "hp", "dof", "eta", "eta_c", "batch",
@@ -40,6 +42,8 @@ Runs = namedtuple("Runs", ["states", "mu", "nu", "pw", "chat", "div_step", "hit_
 Runs.__doc__ = "The runs' streams, μ, ν, p, ĉ (advanced in place) and div/hit steps (R,)."
 Records = namedtuple("Records", ["cp_steps", "cp_m", "cp_mu", "cp_nu", "cp_pw", "cp_chat"])
 Records.__doc__ = "Checkpoint steps (C,) and records m, μ, ν (R, C), p (R, C, k|0), ĉ (R, C, k|0)."
+ChainState = namedtuple("ChainState", ["mu", "nu", "pw", "chat"])
+ChainState.__doc__ = "A run's (or, with a leading run axis, the runs') μ, ν, p and ĉ."
 # the flat positional order of the ``advance`` entry points (tests call them with it)
 FLAT_ARGS = ("project", "joint", "L", "ident", "prm", "inst_idx", "code", "hp", "dof", "eta",
              "eta_c", "batch", "noise_sd", "states", "mu", "nu", "pw", "chat", "n_steps",
@@ -55,12 +59,43 @@ N_WORK_K = 11  # rows of the per-run scratch ``wk`` (length k each): _Rows tc1 �
 N_WORK_B = 4  # rows of the per-run scratch ``wb`` (length b each): _Rows A … gvec
 
 
-def make_hyper(project, joint, code, hp, dof, eta, eta_c, batch, noise_sd, n_steps,
-               stop_level=math.inf, stop_abs=True) -> Hyper:
-    """:class:`Hyper` with the field types the kernels are compiled for."""
-    return Hyper(bool(project), bool(joint), int(code), int(hp), int(dof), float(eta),
-                 float(eta_c), int(batch), float(noise_sd), int(n_steps), float(stop_level),
-                 bool(stop_abs))
+@dataclass(frozen=True)
+class RankOneSettings:
+    """The rank-1 chain's regime, as the learner's options and step sizes give it: projected,
+    ĉ joint, χ² dof d − k − 2 (tests may override it), η, η_c, batch b and label-noise sd."""
+
+    project: bool
+    joint: bool
+    dof: int
+    eta: float
+    eta_c: float
+    batch: int
+    noise_sd: float
+
+    @classmethod
+    def from_config(cls, config, d: int, k: int, dof: int | None = None) -> RankOneSettings:
+        """The settings of ``config`` at dimension d and rank k (``dof``: None for d − k − 2)."""
+        o = config.options
+        return cls(bool(o.project), bool(o.joint_c), int(d - k - 2 if dof is None else dof),
+                   float(config.eta), float(config.step_size_c), int(config.batch),
+                   math.sqrt(config.label_noise))
+
+
+_HYPER_TYPES = (bool, bool, int, int, int, float, float, int, float, int, float, bool)
+
+
+def typed_hyper(hyp: Hyper) -> Hyper:
+    """``hyp`` with the field types the kernels are compiled for."""
+    return Hyper(*(cast(v) for cast, v in zip(_HYPER_TYPES, hyp, strict=True)))
+
+
+def make_hyper(settings: RankOneSettings, code: tuple, n_steps: int,
+               stop_level: float = math.inf, stop_abs: bool = True) -> Hyper:
+    """:class:`Hyper` of one call: ``settings``, σ's ``code`` (code, p) from
+    :func:`hermite.activations_numba.act_code`, the horizon and the stop rule."""
+    s = settings
+    return typed_hyper(Hyper(s.project, s.joint, code[0], code[1], s.dof, s.eta, s.eta_c,
+                             s.batch, s.noise_sd, n_steps, stop_level, stop_abs))
 
 
 @njit(cache=True)

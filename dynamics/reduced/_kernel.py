@@ -15,14 +15,17 @@ from numba import njit
 from dynamics.reduced import _rng
 from dynamics.reduced._chain import (
     FLAT_ARGS,
+    ChainState,
     Hyper,
     Inst,
+    RankOneSettings,
     Records,
     Runs,
     make_hyper,
     run_index,
     run_one,
     scratch,
+    typed_hyper,
 )
 from dynamics.reduced.params import split_flat
 from dynamics.runtime.run_threads import over_runs
@@ -70,24 +73,24 @@ def advance_runs(hyp, inst, runs, rec) -> None:
 def advance(*args) -> None:
     """:func:`advance_runs` on flat arguments, in the order of ``_chain.FLAT_ARGS``."""
     hyp, inst, runs, rec = split_flat(FLAT_ARGS, args, Hyper, Inst, Runs, Records)
-    advance_runs(make_hyper(*hyp), inst, runs, rec)
+    advance_runs(typed_hyper(hyp), inst, runs, rec)
 
 
-def replay(params, run, act_name, *, project, joint, eta, eta_c, mu, nu, pw, chat, **given):
-    """Test hook: run ``run``'s chain (same code as :func:`advance`) on given variates
-    ``Zg`` z (T, b, k); ``Ag``, ``Bg``, ``Eg`` a, b, ε (T, b); ``Gg`` the Gram of the parts
-    rₙ ⊥ span(W, e, ê) (T, b, b). Returns the final (μ, ν, p, ĉ)."""
+def replay(params, run, act_name, start: ChainState, *, project, joint, eta, eta_c, **given):
+    """Test hook: run ``run``'s chain (same code as :func:`advance`) from ``start`` (μ, ν, p,
+    ĉ) on given variates ``Zg`` z (T, b, k); ``Ag``, ``Bg``, ``Eg`` a, b, ε (T, b); ``Gg``
+    the Gram of the parts rₙ ⊥ span(W, e, ê) (T, b, b). Returns the final (μ, ν, p, ĉ)."""
     i = params.inst_idx[run]
-    code, hp = act_code(act_name)
-    pw, chat = np.array(pw, dtype=np.float64), np.array(chat, dtype=np.float64)
+    pw, chat = np.array(start.pw, dtype=np.float64), np.array(start.chat, dtype=np.float64)
     Zg, Ag, Bg, Eg, Gg = (np.ascontiguousarray(given[n], dtype=np.float64)
                           for n in ("Zg", "Ag", "Bg", "Eg", "Gg"))
     steps, batch = Zg.shape[:2]
     none3, none2 = np.zeros((1, 0, 0)), np.zeros((1, 0))
-    hyp = make_hyper(project, joint, code, hp, 0, eta, eta_c, batch, 0.0, steps)
+    settings = RankOneSettings(project, joint, 0, eta, eta_c, batch, 0.0)
+    hyp = make_hyper(settings, act_code(act_name), steps)
     rec = Records(np.zeros(0, np.int64), none2, none2, none2, none3, none3)
     (_, mu, nu), _, _ = run_one(
-        0, hyp, (params.L[i], params.ident[i], params.prm[i]), (np.uint64(0), float(mu),
-                                                                float(nu)),
-        pw, chat, rec, (Zg, Ag, Bg, Eg, Gg), scratch(chat.shape[0], batch))
+        0, hyp, (params.L[i], params.ident[i], params.prm[i]),
+        (np.uint64(0), float(start.mu), float(start.nu)), pw, chat, rec, (Zg, Ag, Bg, Eg, Gg),
+        scratch(chat.shape[0], batch))
     return mu, nu, pw, chat

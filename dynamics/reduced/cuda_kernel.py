@@ -28,8 +28,8 @@ from dynamics.reduced._chain import (
     Inst,
     Records,
     Runs,
-    make_hyper,
     run_index,
+    typed_hyper,
 )
 from dynamics.reduced.params import split_flat
 
@@ -72,4 +72,4 @@ def advance_runs(hyp, inst, runs, rec) -> None:
 def advance(*args) -> None:
     """:func:`advance_runs` on flat arguments, in the order of ``_chain.FLAT_ARGS``."""
     hyp, inst, runs, rec = split_flat(FLAT_ARGS, args, Hyper, Inst, Runs, Records)
-    advance_runs(make_hyper(*hyp), inst, runs, rec)
+    advance_runs(typed_hyper(hyp), inst, runs, rec)

@@ -159,9 +159,9 @@ def _start(config: RunConfig, instances=None):
 
 
 def _advance(config, instances, act, states, m, nu, cp, n_steps, stop_level=math.inf,
-             stop_abs=True, dof=None):
+             stop_abs=True):
     runs = config.runs
-    dof = instances[0].d - 2 if dof is None else dof
+    dof = instances[0].d - 2
     cp_m = np.empty((runs, len(cp)))
     div = np.full(runs, -1, dtype=np.int64)
     hit = np.full(runs, -1, dtype=np.int64)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections import namedtuple
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
@@ -57,6 +57,7 @@ from dynamics.randomness.sampling import run_seed
 from dynamics.reduced._drive import DIVERGED, HIT, RUNNING, drive
 from dynamics.reduced.exact_chain import ExactChain, convention_supported
 from dynamics.reduced.network_chain import (
+    GivenExamples,
     _compress,
     _draw,
     _row_gram,
@@ -71,8 +72,8 @@ from dynamics.runtime.run_threads import over_runs
 from dynamics.runtime.trajectory import RunResult, Trajectory, checkpoint_steps
 from hermite.activations_numba import compiled_activation, sigma, sigma_and_deriv
 
-__all__ = ["LinHyper", "LinRuns", "LinRecords", "make_lin_hyper", "advance_linear",
-           "step_given", "gram_top_overlap", "LinearChain", "LinearRun"]
+__all__ = ["LinHyper", "LinSettings", "LinRuns", "LinRecords", "make_lin_hyper",
+           "advance_linear", "step_given", "gram_top_overlap", "LinearChain", "LinearRun"]
 
 ENGINE = "reduced"
 
@@ -91,12 +92,30 @@ LinWork = namedtuple("LinWork", ["xa", "xe", "eps", "lam_b", "chi", "z", "beta",
                                  "zn", "hv", "zc", "gram", "evec", "pu"])
 
 
-def make_lin_hyper(code, hp, scale, eta, prox, noise_sd, batch, project, rest_dim, n_steps,
-                   stop=False, stop_level=math.inf) -> LinHyper:
-    """:class:`LinHyper` with the field types the kernel is compiled for."""
-    return LinHyper(int(code), int(hp), float(scale), float(eta), float(prox),
-                    float(noise_sd), int(batch), bool(project), int(rest_dim), int(n_steps),
-                    bool(stop), float(stop_level))
+@dataclass(frozen=True)
+class LinSettings:
+    """The linearized chain's regime: σ(scale·x) by ``code`` (code, p, scale) from
+    :func:`hermite.activations_numba.compiled_activation`; η, prox, label-noise sd, batch b,
+    projected; rest_dim = d − t (tests may override it: a wrong χ² law)."""
+
+    code: tuple
+    eta: float
+    prox: float
+    noise_sd: float
+    batch: int
+    project: bool
+    rest_dim: int
+
+
+def make_lin_hyper(settings: LinSettings, n_steps, stop=False,
+                   stop_level=math.inf) -> LinHyper:
+    """:class:`LinHyper` of one call (``settings``, horizon, stop rule) with the field types
+    the kernel is compiled for."""
+    s = settings
+    code, hp, scale = s.code
+    return LinHyper(int(code), int(hp), float(scale), float(s.eta), float(s.prox),
+                    float(s.noise_sd), int(s.batch), bool(s.project), int(s.rest_dim),
+                    int(n_steps), bool(stop), float(stop_level))
 
 
 @njit(cache=True)
@@ -188,13 +207,15 @@ def _update(hyp, L, V, lam, P, Z, m, w):
     return m + b, RUNNING
 
 
-def step_given(hyp, L, V, lam, P, Z, m, xa, xe, lam_b, eps):
-    """One step (L1)–(L3) on given variates (tests): new (P, Z, m, status), inputs untouched.
-    Z needs m + b columns; ``eps`` is the label noise itself (sd included)."""
+def step_given(hyp, L, V, lam, P, Z, m, examples: GivenExamples):
+    """One step (L1)–(L3) on given ``examples`` (tests): new (P, Z, m, status), inputs
+    untouched. Z needs m + b columns."""
     P, Z = (np.array(a, dtype=np.float64) for a in (P, Z))
-    b, k = len(eps), P.shape[0]
+    ex = examples
+    b, k = len(ex.eps), P.shape[0]
     w = _work(b, k, Z.shape[1])
-    w.xa[:], w.xe[:, :m], w.lam_b[:], w.eps[:] = xa, np.asarray(xe)[:, :m], lam_b, eps
+    w.xa[:], w.xe[:, :m], w.lam_b[:], w.eps[:] = (ex.xa, np.asarray(ex.xe)[:, :m], ex.lam_b,
+                                                  ex.eps)
     m, status = _step_given(hyp, np.asarray(L, np.float64), np.asarray(V, np.float64),
                             np.asarray(lam, np.float64), P, Z, int(m), w)
     return P, Z, m, status
@@ -403,6 +424,13 @@ class _Start:
         self.lam = np.stack([np.asarray(i.lam, np.float64) * i.output_scale for i in order])
         self.code = compiled_activation(order[0].activation)
 
+    def settings(self, rest_dim=None) -> LinSettings:
+        """The chain's settings for this batch (``rest_dim``: None for d − t)."""
+        config, o = self.config, self.config.options
+        return LinSettings(self.code, config.eta, o.prox, math.sqrt(config.label_noise),
+                           config.batch, o.project,
+                           self.instances[0].d - self.t if rest_dim is None else rest_dim)
+
 
 class LinearChain(ExactChain):
     """The exact chain of the full-rank ``linearized`` learner (:mod:`.linear_chain`):
@@ -437,7 +465,7 @@ class LinearChain(ExactChain):
     def _advance(self, start: _Start, steps, n_steps, *, stop=False, stop_level=math.inf,
                  rest_dim=None):
         """Run the kernel from Δ = 0: (LinRuns, LinRecords)."""
-        config, inst0 = start.config, start.instances[0]
+        config = start.config
         runs, k, t, b = len(start.instances), start.k, start.t, config.batch
         storage = storage_width(k, b)
         states = np.array([run_seed(config.seed, r, "data") for r in range(runs)],
@@ -447,10 +475,7 @@ class LinearChain(ExactChain):
                             np.full(runs, -1, dtype=np.int64), np.full(runs, -1, dtype=np.int64))
         rec = LinRecords(np.asarray(steps, dtype=np.int64),
                          np.zeros((runs, len(steps), k, 2 * k + 1)))
-        o = config.options
-        hyp = make_lin_hyper(*start.code, config.eta, o.prox, math.sqrt(config.label_noise),
-                             b, o.project, inst0.d - t if rest_dim is None else rest_dim,
-                             n_steps, stop, stop_level)
+        hyp = make_lin_hyper(start.settings(rest_dim), n_steps, stop, stop_level)
         advance_linear(hyp, start.L, start.V, start.lam, start.u, run_state, rec)
         return run_state, rec
 
@@ -507,12 +532,10 @@ class LinearRun(ChainRun):
     name = "linearized"
 
     def __init__(self, start: _Start, steps, rest_dim=None):
-        config, inst0 = start.config, start.instances[0]
+        config = start.config
         runs, k, t, b = len(start.instances), start.k, start.t, config.batch
         self.start = start
-        o = config.options
-        self.hyper = (*start.code, config.eta, o.prox, math.sqrt(config.label_noise), b,
-                      o.project, inst0.d - t if rest_dim is None else rest_dim)
+        self.settings = start.settings(rest_dim)
         per_run = {"states": np.array([run_seed(config.seed, r, "data") for r in range(runs)],
                                       dtype=np.uint64),
                    "P": np.zeros((runs, k, t)), "Z": np.zeros((runs, k, storage_width(k, b))),
@@ -524,7 +547,7 @@ class LinearRun(ChainRun):
         start = self.start
         n = state["P"].shape[0]
         div, hit = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
-        hyp = make_lin_hyper(*self.hyper, n_steps, False, math.inf)
+        hyp = make_lin_hyper(self.settings, n_steps)
         advance_linear(hyp, start.L, start.V, start.lam, start.u,
                        LinRuns(state["states"], state["P"], state["Z"], state["m"],
                                state["inst_idx"], div, hit), LinRecords(cp, rec["delta"]))

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 from collections import namedtuple
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -70,8 +71,9 @@ from dynamics.reduced._drive import DIVERGED, HIT, RUNNING, drive
 from dynamics.runtime.run_threads import over_runs
 from hermite.activations_numba import sigma, sigma_and_deriv
 
-__all__ = ["STOP_KINDS", "NetHyper", "NetRuns", "NetRecords", "make_net_hyper", "advance_network",
-           "work_arrays", "storage_width", "min_dimension", "step_given"]
+__all__ = ["STOP_KINDS", "NetHyper", "NetSettings", "GivenExamples", "NetRuns", "NetRecords",
+           "make_net_hyper", "advance_network", "work_arrays", "storage_width", "min_dimension",
+           "step_given"]
 
 #: k′(t + storage) from which the b = 1 update also takes the next step's fields (one pass
 #: over the rows per step instead of two)
@@ -113,14 +115,46 @@ SCREEN_TOL = 1e-9
 RESYNC = 256
 
 
-def make_net_hyper(code, hp, scale, correlation, free, train, eta, eta_c, noise_sd, batch,
-                   rest_dim, n_steps, stop_kind=0, stop_level=math.inf,
+@dataclass(frozen=True)
+class NetSettings:
+    """The network chain's regime, from the learner's options and the instance: σ(scale·x)
+    by ``code`` (code, p, scale) from :func:`hermite.activations_numba.compiled_activation`;
+    correlation loss; free rows; trained λ̂; η, η_c; label-noise sd; batch b; rest_dim =
+    d − t (tests may override it: a wrong χ² law)."""
+
+    code: tuple
+    correlation: bool
+    free: bool
+    train: bool
+    eta: float
+    eta_c: float
+    noise_sd: float
+    batch: int
+    rest_dim: int
+
+
+@dataclass(frozen=True)
+class GivenExamples:
+    """One step's examples in a chain's coordinates (tests' ``step_given``): x_A (b, t),
+    x_E (b, ≥ m), the Bartlett factor Λ (b, b) of the rest parts and the label noise ε (b,)
+    itself (sd included)."""
+
+    xa: np.ndarray
+    xe: np.ndarray
+    lam_b: np.ndarray
+    eps: np.ndarray
+
+
+def make_net_hyper(settings: NetSettings, n_steps, stop_kind=0, stop_level=math.inf,
                    kernel_mode=0, more=False) -> NetHyper:
-    """:class:`NetHyper` with the field types the kernel is compiled for."""
-    return NetHyper(int(code), int(hp), float(scale), bool(correlation), bool(free),
-                    bool(train), float(eta), float(eta_c), float(noise_sd), int(batch),
-                    int(rest_dim), int(n_steps), int(stop_kind), float(stop_level),
-                    int(kernel_mode), bool(more))
+    """:class:`NetHyper` of one call (``settings``, horizon, stop rule, kernel mode, whether
+    steps follow) with the field types the kernel is compiled for."""
+    s = settings
+    code, hp, scale = s.code
+    return NetHyper(int(code), int(hp), float(scale), bool(s.correlation), bool(s.free),
+                    bool(s.train), float(s.eta), float(s.eta_c), float(s.noise_sd),
+                    int(s.batch), int(s.rest_dim), int(n_steps), int(stop_kind),
+                    float(stop_level), int(kernel_mode), bool(more))
 
 
 def storage_width(width: int, batch: int) -> int:
@@ -718,13 +752,15 @@ def _update_any(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w):
     return _update(hyp, V, ident, lam, P, Z, m, lam_hat, mask, w)
 
 
-def step_given(hyp, V, lam, P, Z, m, lam_hat, mask, xa, xe, lam_b, eps):
-    """One step (N1)–(N4) on given variates (tests): new (P, Z, m, λ̂, status), inputs
+def step_given(hyp, V, lam, P, Z, m, lam_hat, mask, examples: GivenExamples):
+    """One step (N1)–(N4) on given ``examples`` (tests): new (P, Z, m, λ̂, status), inputs
     untouched. Z needs m + b columns."""
     P, Z, lam_hat = (np.array(a, dtype=np.float64) for a in (P, Z, lam_hat))
-    b, kp, t = len(eps), P.shape[0], P.shape[1]
+    ex = examples
+    b, kp, t = len(ex.eps), P.shape[0], P.shape[1]
     w = _work(b, len(lam), kp, t, Z.shape[1])
-    w.xa[:b], w.xe[:b, :m], w.lam_b[:b], w.eps[:b] = xa, np.asarray(xe)[:, :m], lam_b, eps
+    w.xa[:b], w.xe[:b, :m], w.lam_b[:b], w.eps[:b] = (ex.xa, np.asarray(ex.xe)[:, :m],
+                                                      ex.lam_b, ex.eps)
     m, status = _update_any(hyp, np.asarray(V, np.float64), False,
                             np.asarray(lam, np.float64), P, Z, int(m), lam_hat,
                             np.asarray(mask, np.float64), w)

@@ -15,6 +15,7 @@ from dynamics.reduced.network_chain import (
     STOP_KINDS,
     NetRecords,
     NetRuns,
+    NetSettings,
     NetWork,
     advance_network,
     make_net_hyper,
@@ -68,6 +69,15 @@ class ChainStart:
         self.P, self.Z, self.lam_hat = P, Z, lam_hat
         self.m = np.full(len(self.instances), min(width, Z.shape[2]), dtype=np.int64)
         self.mask = self.learner.mask.cpu().numpy().astype(np.float64)
+
+    def settings(self, rest_dim=None) -> NetSettings:
+        """The chain's settings for this batch (``rest_dim``: None for d − t)."""
+        config, learner, inst0 = self.config, self.learner, self.instances[0]
+        return NetSettings(compiled_activation(inst0.activation),
+                           learner.loss_name == "correlation", learner.free,
+                           learner.train_second_layer, config.eta, config.step_size_c,
+                           math.sqrt(config.label_noise), config.batch,
+                           inst0.d - self.t if rest_dim is None else rest_dim)
 
     def copy(self) -> ChainStart:
         """The same start with state arrays of its own (the kernel advances them in place)."""
@@ -160,7 +170,6 @@ class NetworkChain(ExactChain):
         """Run the kernel on ``start`` (in place): (NetRuns, NetRecords)."""
         config, inst0 = start.config, start.instances[0]
         runs, k, width = len(start.instances), inst0.k, start.learner.width
-        code, hp, scale = compiled_activation(inst0.activation)
         states = np.array([run_seed(config.seed, r, "data") for r in range(runs)],
                           dtype=np.uint64)
         run_state = NetRuns(states, start.P, start.Z, start.m, start.lam_hat, start.mask,
@@ -170,12 +179,8 @@ class NetworkChain(ExactChain):
         C = len(steps)
         rec = NetRecords(np.asarray(steps, dtype=np.int64), np.empty((runs, C, k, width)),
                          np.empty((runs, C, width, width)), np.empty((runs, C, width)))
-        learner = start.learner
-        hyp = make_net_hyper(code, hp, scale, learner.loss_name == "correlation",
-                             learner.free, learner.train_second_layer, config.eta,
-                             config.step_size_c, math.sqrt(config.label_noise), config.batch,
-                             inst0.d - start.t if rest_dim is None else rest_dim, n_steps,
-                             STOP_KINDS[stop_kind], stop_level, start.kernel[0])
+        hyp = make_net_hyper(start.settings(rest_dim), n_steps, STOP_KINDS[stop_kind],
+                             stop_level, start.kernel[0])
         args = (hyp, start.V, start.ident, start.lam, run_state, rec, start.teacher_term,
                 start.kernel[1])
         if backend == "numba-cuda":
@@ -263,12 +268,7 @@ class NetworkRun(ChainRun):
         config, inst0 = start.config, start.instances[0]
         runs, k, width = len(start.instances), inst0.k, start.learner.width
         self.start, self.backend, self.m0 = start, backend, start.alignment()
-        code, hp, scale = compiled_activation(inst0.activation)
-        learner = start.learner
-        self.hyper = (code, hp, scale, learner.loss_name == "correlation", learner.free,
-                      learner.train_second_layer, config.eta, config.step_size_c,
-                      math.sqrt(config.label_noise), config.batch,
-                      inst0.d - start.t if rest_dim is None else rest_dim)
+        self.settings = start.settings(rest_dim)
         kp, t = start.P.shape[1], start.P.shape[2]
         work = work_arrays(runs, config.batch, k, kp, t, start.Z.shape[2])
         per_run = {"states": np.array([run_seed(config.seed, r, "data") for r in range(runs)],
@@ -287,7 +287,7 @@ class NetworkRun(ChainRun):
         start = self.start
         n = state["P"].shape[0]
         div, hit = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
-        hyp = make_net_hyper(*self.hyper, n_steps, STOP_KINDS["none"], math.inf,
+        hyp = make_net_hyper(self.settings, n_steps, STOP_KINDS["none"], math.inf,
                              start.kernel[0], more)
         runs = NetRuns(state["states"], state["P"], state["Z"], state["m"], state["lam_hat"],
                        state["mask"], state["inst_idx"], div, hit, state["slot"],

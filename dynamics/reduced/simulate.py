@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -13,7 +14,7 @@ from dynamics.overlays.assembly import rank_one_trajectory
 from dynamics.overlays.finetune import initial_drift_sign
 from dynamics.randomness.sampling import resolve_device, resolve_dtype, run_seed
 from dynamics.reduced import _kernel, torch_chain
-from dynamics.reduced._chain import Inst, Records, Runs, make_hyper
+from dynamics.reduced._chain import ChainState, Inst, RankOneSettings, Records, Runs, make_hyper
 from dynamics.reduced.exact_chain import ExactChain, convention_supported
 from dynamics.reduced.params import ChainParams, pack_instances
 from dynamics.reduced.segments import ChainRun, run_to_end
@@ -118,6 +119,54 @@ def _choose_backend(config: RunConfig, backend: str | None, act_name: str):
     return backend, device
 
 
+@dataclass(frozen=True)
+class RankOneSetup:
+    """The rank-1 chain's runs as one config sets them up: the config, its packed instances
+    (:class:`~.params.ChainParams`) and run instances, backend and device; ``dof`` overrides
+    the χ² degrees of freedom d − k − 2 (tests: a deliberately wrong law)."""
+
+    config: RunConfig
+    params: ChainParams
+    instances: list
+    backend: str
+    device: torch.device
+    dof: int | None = None
+
+    @property
+    def settings(self) -> RankOneSettings:
+        return RankOneSettings.from_config(self.config, self.instances[0].d, self.params.k,
+                                           self.dof)
+
+    @property
+    def activation(self):
+        return self.instances[0].activation
+
+    def advance_fn(self):
+        """The numba backend's :func:`advance_runs` (CPU blocks, or one CUDA thread per run,
+        every step of a call in one launch)."""
+        if self.backend == "numba-cuda":
+            from dynamics.reduced import cuda_kernel
+
+            return cuda_kernel.advance_runs
+        return _kernel.advance_runs
+
+    def tensor(self, a):
+        """``a`` as a tensor of the config's dtype on the device (torch backend)."""
+        return torch.as_tensor(a, dtype=resolve_dtype(self.config.dtype), device=self.device)
+
+    def runs(self, states, mu, nu, pw=None, chat=None) -> Runs:
+        """The runs' block (:class:`~._chain.Runs`) from their streams, μ and ν, p (default
+        0) and ĉ (default the instances'), neither diverged nor stopped."""
+        n, k = mu.shape[0], self.params.k
+        return Runs(states, mu, nu, np.zeros((n, k)) if pw is None else pw,
+                    self.params.c_hat0.copy() if chat is None else chat,
+                    np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64))
+
+    def torch_params(self) -> torch_chain.TorchParams:
+        return torch_chain.TorchParams.from_params(self.params, self.device,
+                                                   resolve_dtype(self.config.dtype))
+
+
 def _initial_state(config: RunConfig, params: ChainParams, instances):
     """μ₀, ν₀ (R,) by (R0), streams seeded from (seed, r); sign flips for ``aligned``."""
     runs, d, k = config.runs, instances[0].d, params.k
@@ -130,58 +179,31 @@ def _initial_state(config: RunConfig, params: ChainParams, instances):
     return states, mu, nu, mu * u_perp
 
 
-def _run(config, params, instances, backend, device, mu, nu, states, cp, n_steps,
-         stop_level=math.inf, stop_abs=True, dof=None, pw=None, chat=None):
-    """Advance all runs; returns (records dict (R, C[, k]), div_step, hit_step).
-
-    ``dof`` overrides the χ² degrees of freedom d − k − 2 (tests: a deliberately wrong law).
-    ``pw``/``chat`` (numba backends): the runs' p and ĉ to start from, advanced in place like
-    ``states``, μ and ν (default: p = 0 and the instances' ĉ).
-    """
-    runs, k = config.runs, params.k
-    act = instances[0].activation
-    dof = instances[0].d - k - 2 if dof is None else dof
-    o = config.options
-    common = dict(project=o.project, joint=o.joint_c, dof=dof, eta=config.eta,
-                  eta_c=config.step_size_c, batch=config.batch,
-                  noise_sd=math.sqrt(config.label_noise))
-    chat = params.c_hat0.copy() if chat is None else chat
-    pw = np.zeros((runs, k)) if pw is None else pw
-    if backend == "torch":
-        dt = resolve_dtype(config.dtype)
-
-        def t(a):
-            return torch.as_tensor(a, dtype=dt, device=device)
-
+def _run(setup: RankOneSetup, runs: Runs, cp, n_steps, stop_level=math.inf, stop_abs=True):
+    """Advance all runs of ``runs`` (numba backends: their streams, μ, ν, p and ĉ in place;
+    torch: from their μ, ν, p, ĉ, into div/hit only); returns (records dict (R, C[, k]),
+    div_step, hit_step)."""
+    config, k = setup.config, setup.params.k
+    n = runs.mu.shape[0]
+    if setup.backend == "torch":
+        t = setup.tensor
         return torch_chain.advance(
-            torch_chain.TorchParams.from_params(params, device, dt), act, **common,
-            mu=t(mu), nu=t(nu), pw=t(pw), chat=t(chat), n_steps=n_steps,
-            cp_steps=cp, seed=run_seed(config.seed, 1, "data"), stop_level=stop_level,
-            stop_abs=stop_abs)
+            setup.torch_params(), setup.activation, setup.settings,
+            ChainState(t(runs.mu), t(runs.nu), t(runs.pw), t(runs.chat)), n_steps, cp,
+            run_seed(config.seed, 1, "data"), stop_level, stop_abs)
     n_cp = len(cp)
-    rec = {"m": np.empty((runs, n_cp)), "mu": np.empty((runs, n_cp)),
-           "nu": np.empty((runs, n_cp)),
-           "pw": np.empty((runs, n_cp, 0 if config.options.project else k)),
-           "chat": np.empty((runs, n_cp, k if config.options.joint_c else 0))}
-    div = np.full(runs, -1, dtype=np.int64)
-    hit = np.full(runs, -1, dtype=np.int64)
-    code, hp = act_code(act.name)
-    if backend == "numba-cuda":  # one thread per run, every step in one launch
-        from dynamics.reduced import cuda_kernel
-
-        advance = cuda_kernel.advance_runs
-    else:
-        advance = _kernel.advance_runs
-    hyp = make_hyper(config.options.project, config.options.joint_c, code, hp, dof, config.eta,
-                     config.step_size_c, config.batch, common["noise_sd"], n_steps,
-                     stop_level, stop_abs)
-    advance(hyp, Inst(params.L, params.ident, params.prm, params.inst_idx),
-            Runs(states, mu, nu, pw, chat, div, hit),
-            Records(np.asarray(cp, dtype=np.int64), rec["m"], rec["mu"], rec["nu"],
-                    rec["pw"], rec["chat"]))
+    rec = {"m": np.empty((n, n_cp)), "mu": np.empty((n, n_cp)), "nu": np.empty((n, n_cp)),
+           "pw": np.empty((n, n_cp, 0 if config.options.project else k)),
+           "chat": np.empty((n, n_cp, k if config.options.joint_c else 0))}
+    hyp = make_hyper(setup.settings, act_code(setup.activation.name), n_steps, stop_level,
+                     stop_abs)
+    p = setup.params
+    setup.advance_fn()(hyp, Inst(p.L, p.ident, p.prm, p.inst_idx), runs,
+                       Records(np.asarray(cp, dtype=np.int64), rec["m"], rec["mu"], rec["nu"],
+                               rec["pw"], rec["chat"]))
     rec["pw"] = rec["pw"] if not config.options.project else None
     rec["chat"] = rec["chat"] if config.options.joint_c else None
-    return rec, div, hit
+    return rec, runs.div_step, runs.hit_step
 
 
 def simulate_reduced(config: RunConfig, *, backend: str | None = None,
@@ -235,7 +257,8 @@ def start_rank_one(config, backend, steps, dof=None, instances=None):
     backend, device = _choose_backend(config, backend, instances[0].activation.name)
     states, mu, nu, m0 = _initial_state(config, params, instances)
     cls = TorchRankOneRun if backend == "torch" else RankOneRun
-    return cls(config, params, instances, backend, device, steps, states, mu, nu, m0, dof)
+    return cls(RankOneSetup(config, params, instances, backend, device, dof), steps, states,
+               mu, nu, m0)
 
 
 class RankOneRun(ChainRun):
@@ -244,18 +267,14 @@ class RankOneRun(ChainRun):
 
     name = "rank-1"
 
-    def __init__(self, config, params, instances, backend, device, steps, states, mu, nu, m0,
-                 dof=None):
+    def __init__(self, setup: RankOneSetup, steps, states, mu, nu, m0):
+        config, params = setup.config, setup.params
         runs, k = config.runs, params.k
         o = config.options
-        self.config, self.params, self.instances = config, params, instances
-        self.backend, self.device, self.m0 = backend, device, m0
-        act = instances[0].activation
-        code, hp = act_code(act.name)
-        dof = instances[0].d - k - 2 if dof is None else dof
-        self.hyper = dict(project=o.project, joint=o.joint_c, code=code, hp=hp, dof=dof,
-                          eta=config.eta, eta_c=config.step_size_c, batch=config.batch,
-                          noise_sd=math.sqrt(config.label_noise))
+        self.setup, self.config, self.params = setup, config, params
+        self.instances, self.backend, self.device, self.m0 = (setup.instances, setup.backend,
+                                                              setup.device, m0)
+        self.settings, self.code = setup.settings, act_code(setup.activation.name)
         C = len(steps)
         per_run = {"states": states, "mu": mu, "nu": nu, "pw": np.zeros((runs, k)),
                    "chat": params.c_hat0.copy(), "inst_idx": params.inst_idx.copy()}
@@ -268,20 +287,13 @@ class RankOneRun(ChainRun):
     def _kernel(self, state, rec, n_steps, cp, more):
         n = state["mu"].shape[0]
         div, hit = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
-        h = self.hyper
-        hyp = make_hyper(h["project"], h["joint"], h["code"], h["hp"], h["dof"], h["eta"],
-                         h["eta_c"], h["batch"], h["noise_sd"], n_steps)
-        if self.backend == "numba-cuda":  # one thread per run, the segment in one launch
-            from dynamics.reduced import cuda_kernel
-
-            advance = cuda_kernel.advance_runs
-        else:
-            advance = _kernel.advance_runs
+        hyp = make_hyper(self.settings, self.code, n_steps)
         p = self.params
-        advance(hyp, Inst(p.L, p.ident, p.prm, state["inst_idx"]),
-                Runs(state["states"], state["mu"], state["nu"], state["pw"], state["chat"],
-                     div, hit),
-                Records(cp, rec["m"], rec["mu"], rec["nu"], rec["pw"], rec["chat"]))
+        self.setup.advance_fn()(
+            hyp, Inst(p.L, p.ident, p.prm, state["inst_idx"]),
+            Runs(state["states"], state["mu"], state["nu"], state["pw"], state["chat"], div,
+                 hit),
+            Records(cp, rec["m"], rec["mu"], rec["nu"], rec["pw"], rec["chat"]))
         return div, hit
 
     def trajectory(self) -> Trajectory:
@@ -301,24 +313,15 @@ class TorchRankOneRun(ChainRun):
     name = "rank-1"
     backend = "torch"
 
-    def __init__(self, config, params, instances, backend, device, steps, states, mu, nu, m0,
-                 dof=None):
-        k = params.k
-        o = config.options
-        self.config, self.instances, self.device, self.m0 = config, instances, device, m0
-        dt = resolve_dtype(config.dtype)
-
-        def t(a):
-            return torch.as_tensor(a, dtype=dt, device=device)
-
-        dof = instances[0].d - k - 2 if dof is None else dof
-        self.torch_run = torch_chain.TorchRun(
-            torch_chain.TorchParams.from_params(params, device, dt), instances[0].activation,
-            project=o.project, joint=o.joint_c, dof=dof, eta=config.eta,
-            eta_c=config.step_size_c, batch=config.batch,
-            noise_sd=math.sqrt(config.label_noise), mu=t(mu), nu=t(nu),
-            pw=t(np.zeros((config.runs, k))), chat=t(params.c_hat0.copy()),
-            seed=run_seed(config.seed, 1, "data"))
+    def __init__(self, setup: RankOneSetup, steps, states, mu, nu, m0):
+        config, t = setup.config, setup.tensor
+        self.config, self.instances, self.device, self.m0 = (config, setup.instances,
+                                                             setup.device, m0)
+        start = ChainState(t(mu), t(nu), t(np.zeros((config.runs, setup.params.k))),
+                           t(setup.params.c_hat0.copy()))
+        self.torch_run = torch_chain.TorchRun(setup.torch_params(), setup.activation,
+                                              setup.settings, start,
+                                              run_seed(config.seed, 1, "data"))
         super().__init__(steps, {"mu": mu}, {})
 
     def advance(self, n: int) -> None:
@@ -404,6 +407,7 @@ def _first_passages(config, levels, max_steps, absolute, backend) -> np.ndarray:
         return np.array([_first_passages(config, [x], max_steps, absolute, backend)[0]
                          for x in levels])
     params = pack_instances(instances)
+    setup = RankOneSetup(config, params, instances, backend, device)
     states, mu, nu, m0 = _initial_state(config, params, instances)
     horizon = int(config.steps if max_steps is None else max_steps)
     runs, k = config.runs, params.k
@@ -423,13 +427,14 @@ def _first_passages(config, levels, max_steps, absolute, backend) -> np.ndarray:
         if not todo.any():
             continue
         sel = np.flatnonzero(todo)  # only these runs move; each keeps its own stream
-        sub_config = dataclasses.replace(config, runs=sel.size)
-        sub_params = dataclasses.replace(params, inst_idx=params.inst_idx[sel],
-                                         c_hat0=params.c_hat0[sel])
+        sub = dataclasses.replace(
+            setup, config=dataclasses.replace(config, runs=sel.size),
+            params=dataclasses.replace(params, inst_idx=params.inst_idx[sel],
+                                       c_hat0=params.c_hat0[sel]))
         st, m_, n_, p_, c_ = states[sel], mu[sel], nu[sel], pw[sel], chat[sel]
-        _, div, hit = _run(sub_config, sub_params, instances, backend, device, m_, n_, st,
+        _, div, hit = _run(sub, sub.runs(st, m_, n_, p_, c_),
                            np.zeros(0, dtype=np.int64), int(horizon - elapsed[sel].min()),
-                           level, absolute, pw=p_, chat=c_)
+                           level, absolute)
         states[sel], mu[sel], nu[sel], pw[sel], chat[sel] = st, m_, n_, p_, c_
         total = elapsed[sel] + hit
         ok = (hit >= 0) & (div < 0) & (total <= horizon)

@@ -8,18 +8,23 @@ in law, and exactly when fed the same variates (:func:`step`).
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from dynamics.activations import torch_activation
-from dynamics.reduced._chain import M_TOL
+from dynamics.reduced._chain import M_TOL, ChainState, RankOneSettings
 from dynamics.reduced.params import ChainParams
 
-__all__ = ["TorchParams", "step", "advance"]
+__all__ = ["TorchParams", "Draws", "step", "advance"]
 
 _SYNC_EVERY = 256  # steps between host syncs to test whether any run is still live
+
+Draws = namedtuple("Draws", ["Z", "A", "Bv", "eps", "chi", "gram"], defaults=(None, None))
+Draws.__doc__ = """One step's variates of R runs: z (R, b, k), a, b, ε (R, b); ρ² from ``chi``
+(R,): ‖ḡ‖²χ, or ``gram`` (R, b, b): ḡᵀGḡ."""
 
 
 @dataclass
@@ -60,13 +65,14 @@ def _wmul(L, z):
     return z if L is None else torch.einsum("rij,rbj->rbi", L, z)
 
 
-def step(P: TorchParams, act, project: bool, joint: bool, eta: float, eta_c: float, mu, nu,
-         pw, chat, Z, A, Bv, eps, chi=None, gram=None):
-    """One step (R3)–(R6) for all runs: returns new (μ, ν, p, ĉ).
-
-    Z (R,b,k), A, Bv, eps (R,b); ρ² from ``chi`` (R,): ‖ḡ‖²χ, or ``gram`` (R,b,b): ḡᵀGḡ.
-    """
+def step(P: TorchParams, act, settings: RankOneSettings, state: ChainState,
+         draws: Draws) -> ChainState:
+    """One step (R3)–(R6) for all runs from ``state`` (μ, ν (R,), p, ĉ (R, k)) on ``draws``:
+    the new :class:`~._chain.ChainState` (``settings``' project, joint, η and η_c)."""
     act = torch_activation(act)
+    project, joint, eta, eta_c = settings.project, settings.joint, settings.eta, settings.eta_c
+    mu, nu, pw, chat = state
+    Z, A, Bv, eps, chi, gram = draws
     batch = A.shape[1]
     xc = P.xi[:, None] * chat
     wu = None if project else (pw if P.L is None else torch.einsum("rij,rj->ri", P.L, pw))
@@ -123,7 +129,7 @@ def step(P: TorchParams, act, project: bool, joint: bool, eta: float, eta_c: flo
         pw = pw * inv[:, None]
     if joint:
         chat = chat - eta_c * gc
-    return ne * inv, torch.sqrt(sq_rest) * inv, pw, chat
+    return ChainState(ne * inv, torch.sqrt(sq_rest) * inv, pw, chat)
 
 
 def overlap(P: TorchParams, mu, pw, project: bool):
@@ -132,18 +138,17 @@ def overlap(P: TorchParams, mu, pw, project: bool):
     return m if project else m + (pw * P.u_w).sum(-1)
 
 
-def advance(P: TorchParams, act, *, project, joint, dof, eta, eta_c, batch, noise_sd, mu, nu,
-            pw, chat, n_steps, cp_steps, seed, stop_level=math.inf, stop_abs=True):
-    """Advance R runs ``n_steps`` (tensors μ, ν (R,), p, ĉ (R,k)); record at ``cp_steps``.
+def advance(P: TorchParams, act, settings: RankOneSettings, state: ChainState, n_steps,
+            cp_steps, seed, stop_level=math.inf, stop_abs=True):
+    """Advance R runs ``n_steps`` from ``state`` (tensors μ, ν (R,), p, ĉ (R,k)); record at
+    ``cp_steps``.
 
     Returns (records dict of numpy (R, C[, k]) arrays m, mu, nu, pw, chat; div_step;
     hit_step) with the conventions of :func:`._chain.run_one`. The loop never waits for the
     device except at checkpoints and every ``_SYNC_EVERY`` steps. One call of
     :class:`TorchRun` over the whole horizon.
     """
-    run = TorchRun(P, act, project=project, joint=joint, dof=dof, eta=eta, eta_c=eta_c,
-                   batch=batch, noise_sd=noise_sd, mu=mu, nu=nu, pw=pw, chat=chat, seed=seed,
-                   stop_level=stop_level, stop_abs=stop_abs)
+    run = TorchRun(P, act, settings, state, seed, stop_level, stop_abs)
     run.advance(0, n_steps, cp_steps)
     return run.results()
 
@@ -154,16 +159,15 @@ class TorchRun:
     in pieces gives the numbers of one call from 0 to the horizon (same draws in the same
     order; the early end once no run is live is checked at the same global steps)."""
 
-    def __init__(self, P: TorchParams, act, *, project, joint, dof, eta, eta_c, batch, noise_sd,
-                 mu, nu, pw, chat, seed, stop_level=math.inf, stop_abs=True):
-        runs = chat.shape[0]
-        dev, dt = mu.device, mu.dtype
-        self.P, self.act, self.project, self.joint = P, act, project, joint
-        self.dof, self.eta, self.eta_c, self.batch = dof, eta, eta_c, batch
-        self.noise_sd, self.stop_level, self.stop_abs = noise_sd, stop_level, stop_abs
-        self.mu, self.nu, self.pw, self.chat = mu, nu, pw, chat
+    def __init__(self, P: TorchParams, act, settings: RankOneSettings, state: ChainState, seed,
+                 stop_level=math.inf, stop_abs=True):
+        runs = state.chat.shape[0]
+        dev, dt = state.mu.device, state.mu.dtype
+        self.P, self.act, self.settings = P, act, settings
+        self.stop_level, self.stop_abs = stop_level, stop_abs
+        self.mu, self.nu, self.pw, self.chat = state
         self.gen = torch.Generator(device=dev).manual_seed(int(seed))
-        self.half_dof = torch.full((runs,), 0.5 * dof, dtype=dt, device=dev)
+        self.half_dof = torch.full((runs,), 0.5 * settings.dof, dtype=dt, device=dev)
         self.live = torch.ones(runs, dtype=torch.bool, device=dev)
         self.div = torch.full((runs,), -1, dtype=torch.int64, device=dev)
         self.hit = torch.full((runs,), -1, dtype=torch.int64, device=dev)
@@ -171,7 +175,7 @@ class TorchRun:
         self.ended = False  # stopped early: no run live at a sync step
 
     def _record(self) -> None:
-        for name, val in (("m", overlap(self.P, self.mu, self.pw, self.project)),
+        for name, val in (("m", overlap(self.P, self.mu, self.pw, self.settings.project)),
                           ("mu", self.mu), ("nu", self.nu), ("pw", self.pw),
                           ("chat", self.chat)):
             self.rec[name].append(val.double().cpu().numpy())
@@ -187,10 +191,11 @@ class TorchRun:
                 self.rec[name].append(self.rec[name][-1])
 
     def _steps(self, t0: int, t1: int, cps: list) -> None:
-        P, act, project, joint = self.P, self.act, self.project, self.joint
+        P, act, settings = self.P, self.act, self.settings
+        project = settings.project
         runs, k = self.chat.shape
         dev, dt = self.mu.device, self.mu.dtype
-        gen, batch, dof, noise_sd = self.gen, self.batch, self.dof, self.noise_sd
+        gen, batch, dof, noise_sd = self.gen, settings.batch, settings.dof, settings.noise_sd
         mu, nu, pw, chat, live = self.mu, self.nu, self.pw, self.chat, self.live
         use_stop = math.isfinite(self.stop_level)
         for t in range(t0, t1 + 1):
@@ -210,8 +215,8 @@ class TorchRun:
                    if noise_sd > 0 else torch.zeros_like(A))
             chi = (2.0 * torch._standard_gamma(self.half_dof, generator=gen) if dof > 0
                    else torch.zeros_like(mu))
-            new = step(P, act, project, joint, float(self.eta), float(self.eta_c), mu, nu, pw,
-                       chat, Z, A, Bv, eps, chi=chi)
+            new = step(P, act, settings, ChainState(mu, nu, pw, chat),
+                       Draws(Z, A, Bv, eps, chi=chi))
             keep = live[:, None]
             mu, nu = torch.where(live, new[0], mu), torch.where(live, new[1], nu)
             pw, chat = torch.where(keep, new[2], pw), torch.where(keep, new[3], chat)

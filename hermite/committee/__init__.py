@@ -12,7 +12,12 @@ coordinates (:mod:`.free_coordinates`), its linearly stable fixed points
 Derivation: docs/theory/committee.md.
 """
 
-from hermite.committee.first_passage import ESCAPE_OVERLAP, FirstPassage, committee_first_passage
+from hermite.committee.first_passage import (
+    ESCAPE_OVERLAP,
+    FirstPassage,
+    PassageSettings,
+    committee_first_passage,
+)
 from hermite.committee.fixed_points import stable_fixed_point
 from hermite.committee.free_coordinates import FreeCoordinates
 from hermite.committee.integrals import (
@@ -62,6 +67,7 @@ __all__ = [
     "FreeCoordinates",
     "stable_fixed_point",
     "FirstPassage",
+    "PassageSettings",
     "committee_first_passage",
     "ESCAPE_OVERLAP",
 ]

@@ -31,7 +31,8 @@ from hermite.committee.fixed_points import DRIFT_GATE, NEWTON_TOL, stable_fixed_
 from hermite.committee.free_coordinates import FreeCoordinates
 from hermite.committee.ode import CommitteeModel, CommitteeState
 
-__all__ = ["ESCAPE_OVERLAP", "RTOL", "ATOL", "FirstPassage", "committee_first_passage"]
+__all__ = ["ESCAPE_OVERLAP", "RTOL", "ATOL", "FirstPassage", "PassageSettings",
+           "committee_first_passage"]
 
 ESCAPE_OVERLAP = 0.5  # the initial plateau ends when some row's |cosine| to a teacher row does
 RTOL, ATOL = 1e-7, 1e-10  # the solver's default tolerances
@@ -66,13 +67,29 @@ class FirstPassage:
         return self.end == "stuck"
 
 
+@dataclass(frozen=True)
+class PassageSettings:
+    """How far and how :func:`committee_first_passage` integrates: up to α = ``alpha_max``;
+    fixed-point checks from ``alpha_first`` on (None: α_max/4⁸); on past a hit to record ε at
+    ``alpha_probe`` (None: stop at the hit); at most ``max_evals`` drift evaluations (None:
+    no cap); the scipy ``OdeSolver`` ``method`` and its tolerances ``rtol``, ``atol``."""
+
+    alpha_max: float
+    alpha_first: float | None = None
+    alpha_probe: float | None = None
+    max_evals: int | None = None
+    method: str = "LSODA"
+    rtol: float = RTOL
+    atol: float = ATOL
+
+
 def committee_first_passage(model: CommitteeModel, state: CommitteeState, level: float,
-                            n: int, *, alpha_max: float, alpha_first: float | None = None,
-                            alpha_probe: float | None = None, max_evals: int | None = None,
-                            method: str = "LSODA", rtol: float = RTOL,
-                            atol: float = ATOL) -> FirstPassage:
+                            n: int, settings: PassageSettings | None = None,
+                            **keywords) -> FirstPassage:
     """First α with ε(α) ≤ ``level`` for the committee ODE from ``state``, as steps α·n
-    (n: the input dimension N = d).
+    (n: the input dimension N = d), integrated as ``settings`` say (or as the
+    :class:`PassageSettings` its ``keywords`` make: ``alpha_max=…``; an unknown one is
+    a TypeError).
 
     One scipy ``OdeSolver`` (``method``; LSODA: the flow is stiff once rows have specialised)
     on the free coordinates, stepped up to ``alpha_max``; after each step the crossings of
@@ -85,6 +102,11 @@ def committee_first_passage(model: CommitteeModel, state: CommitteeState, level:
     After ``max_evals`` drift evaluations it stops where it is (ended ``cap``, at
     α_end < α_max). ε is :func:`~hermite.committee.ode.committee_loss` (any loss); unit rows
     only (free rows' |R_km| is not a cosine)."""
+    if settings is None:
+        settings = PassageSettings(**keywords)
+    elif keywords:
+        raise TypeError("committee_first_passage: give settings or their keywords, not both "
+                        f"(got {', '.join(keywords)})")
     if model.rows != "unit":
         raise ValueError("committee_first_passage needs unit rows (rows='unit'): its escape "
                          "is max |R_km|, a cosine only for unit rows")
@@ -92,16 +114,18 @@ def committee_first_passage(model: CommitteeModel, state: CommitteeState, level:
     flow = FreeCoordinates(model, st)
     z = flow.z(st.pack())
     loss0 = flow.loss(z)
-    if loss0 <= level and alpha_probe is None:
+    if loss0 <= level and settings.alpha_probe is None:
         return FirstPassage(0.0, 0.0, loss0, loss0, 0.0, "hit", 0)
-    alpha_max = float(alpha_max)
-    probe = math.nan if alpha_probe is None else float(alpha_probe)
+    alpha_max, max_evals = float(settings.alpha_max), settings.max_evals
+    probe = math.nan if settings.alpha_probe is None else float(settings.alpha_probe)
     probe_loss = loss0 if probe == 0.0 else math.nan
     hit = 0.0 if loss0 <= level else math.inf
-    check = float(alpha_first) if alpha_first is not None else alpha_max / 4.0**8
+    check = float(settings.alpha_first) if settings.alpha_first is not None \
+        else alpha_max / 4.0**8
     escape = 0.0 if flow.max_overlap(z) >= ESCAPE_OVERLAP else math.inf
-    solver = getattr(scipy.integrate, method)(lambda _t, zz: flow.drift(zz), 0.0, z,
-                                              alpha_max, rtol=rtol, atol=atol)
+    solver = getattr(scipy.integrate, settings.method)(lambda _t, zz: flow.drift(zz), 0.0, z,
+                                                       alpha_max, rtol=settings.rtol,
+                                                       atol=settings.atol)
 
     def crossing(fun, t0, t1):
         dense = solver.dense_output()

@@ -47,6 +47,7 @@ import scipy.stats
 from hermite._activation import resolve_activation
 from hermite.finetune.population import CorrectedFlow, FinetuneModel, SecondMoment, _rhs
 from hermite.finite_d.lna import _mixture_quantile
+from hermite.flows.regime import FinetuneRegime, FinetuneStart
 
 __all__ = ["StepMoments", "JointBand", "joint_band", "joint_band_applies", "STEP_POINTS",
            "JACOBIAN_STEP", "BAND_NODES"]
@@ -180,22 +181,27 @@ def start_nodes(mu0, c0, nodes: int = BAND_NODES):
     return mu0[pick], c0[pick]
 
 
-def joint_band(instance, eta, d, steps, mu0, c_hat0, *, eta_c=None, label_noise=0.0,
+def joint_band(instance, regime: FinetuneRegime, steps, start: FinetuneStart, *,
                quantiles=(0.1, 0.9), nodes: int = BAND_NODES,
                model: FinetuneModel | None = None) -> JointBand:
-    """The LNA band of ⟨û, u⟩ and of ĉ's cosine to c (module docstring) from the starts
-    (μ₀ (R,), ĉ₀ (k,) or (R, k)); a mixture over at most ``nodes`` of them."""
+    """The LNA band of ⟨û, u⟩ and of ĉ's cosine to c (module docstring) under ``regime``
+    (joint ĉ, projected, with its d and label noise) from the starts (``start.mu0`` (R,),
+    ``start.c_hat0`` (k,) or (R, k), default the instance's ĉ); a mixture over at most
+    ``nodes`` of them."""
     from hermite.flows.ode import check_steps
 
     if model is None:
-        model = FinetuneModel(instance, eta, project=True, joint_c=True, eta_c=eta_c)
-    why = joint_band_applies(model)
+        model = FinetuneModel.of(instance, regime)
+    why = joint_band_applies(model, regime.batch)
     if why:
         raise ValueError(why)
+    if regime.d is None:
+        raise ValueError("the joint band needs the regime's dimension d")
     ck = check_steps(steps, integer=False)
-    mu, ch = start_nodes(mu0, c_hat0, nodes)
-    second = SecondMoment(model, d, 1, label_noise)
-    moments = StepMoments(model, d, label_noise)
+    c_hat0 = instance.c_hat if start.c_hat0 is None else start.c_hat0
+    mu, ch = start_nodes(start.mu0, c_hat0, nodes)
+    second = SecondMoment(model, regime.d, 1, regime.label_noise)
+    moments = StepMoments(model, regime.d, regime.label_noise)
     flow = CorrectedFlow(model, ch, second)
     full = _rhs(model, ch, second)  # the coefficient recomputed at every state (for J)
     y = model.pack(np.zeros((mu.size, model.k)), mu, ch)

@@ -43,9 +43,10 @@ import scipy.linalg
 
 from hermite.finetune.escape import folded_mean
 from hermite.finetune.population import FinetuneModel, SecondMoment, _as_state, _nu, _start
+from hermite.flows.regime import FinetuneRegime, FinetuneStart
 
-__all__ = ["StepNoise", "FiniteXiFlow", "FiniteXi", "finite_xi_flow", "finite_xi_ensemble",
-           "FLOW_STEP", "NOISE_POINTS", "MIN_WIDTH", "NOISE_EVERY"]
+__all__ = ["StepNoise", "FiniteXiFlow", "FiniteXi", "EnsembleScheme", "finite_xi_flow",
+           "finite_xi_ensemble", "FLOW_STEP", "NOISE_POINTS", "MIN_WIDTH", "NOISE_EVERY"]
 
 FLOW_STEP = 5e-4  # largest η·h of one step of the flow (2e-3 was off by 0.25 in ⟨û,u⟩, He₃)
 NOISE_EVERY = 16  # steps between refreshes of V and E‖Ḡ_T‖² (η·t = 0.008 at FLOW_STEP)
@@ -216,23 +217,51 @@ class FiniteXi:
     covs: np.ndarray
 
 
-def finite_xi_flow(instance, eta, d, steps, p0, mu0, c0, *, eta_c=None, project=False,
-                   joint_c=True, prox=0.0, label_noise=0.0, batch=1, closure=True,
-                   renormalise=True, flow_step=FLOW_STEP,
+@dataclass(frozen=True)
+class EnsembleScheme:
+    """The Euler–Maruyama scheme of :func:`finite_xi_ensemble`: ``particles`` paths per run
+    from the generator ``seed``, steps η·h ≤ ``flow_step``, the step noise V on
+    ``noise_points`` QMC points refreshed every ``noise_every`` steps."""
+
+    particles: int = 32
+    seed: int = 0
+    flow_step: float = FLOW_STEP
+    noise_points: int = NOISE_POINTS
+    noise_every: int = NOISE_EVERY
+
+    def __post_init__(self):
+        for name in ("particles", "noise_points", "noise_every"):
+            val = getattr(self, name)
+            if int(val) != val or val < 1:
+                raise ValueError(f"{name} must be an integer ≥ 1, got {val!r}")
+        if not (math.isfinite(self.flow_step) and self.flow_step > 0.0):
+            raise ValueError(f"flow_step must be a finite number > 0, got {self.flow_step!r}")
+
+
+def _finite_d(regime: FinetuneRegime) -> int:
+    """The regime's dimension d (one-line ValueError where it has none)."""
+    if regime.d is None:
+        raise ValueError("the finite-ξ flows need the regime's dimension d")
+    return regime.d
+
+
+def finite_xi_flow(instance, regime: FinetuneRegime, steps, start: FinetuneStart, *,
+                   closure=True, renormalise=True, flow_step=FLOW_STEP,
                    model: FinetuneModel | None = None) -> FiniteXi:
-    """The closure flow (F1)–(F2) of every run from its start: p0 (R, k) (zeros when
-    projected), mu0 (R,), c0 (R, k) or (k,); ``steps`` (C,) sorted checkpoint steps.
+    """The closure flow (F1)–(F2) of every run from its ``start`` (mu0 (R,), p0 (R, k)
+    (zeros when projected), c_hat0 (R, k) or (k,)) under ``regime`` (its d, batch and label
+    noise enter V and the O(η²d) drift); ``steps`` (C,) sorted checkpoint steps.
     ``closure=False`` drops (F1)'s curvature term (the corrected ODE, with its LNA
     covariance); ``renormalise=False`` drops the O(η²d) drift."""
     from hermite.flows.ode import check_steps
 
     ck = check_steps(steps, integer=False)
+    d = _finite_d(regime)
     if model is None:
-        model = FinetuneModel(instance, eta, project=project, joint_c=joint_c, eta_c=eta_c,
-                              prox=prox)
-    p0, mu0, ch0 = _start(model, None, mu0, p0, c0)
-    flow = FiniteXiFlow(model, d, ch0, batch=batch, label_noise=label_noise, closure=closure,
-                        renormalise=renormalise, flow_step=flow_step)
+        model = FinetuneModel.of(instance, regime)
+    p0, mu0, ch0 = _start(model, start)
+    flow = FiniteXiFlow(model, d, ch0, batch=regime.batch, label_noise=regime.label_noise,
+                        closure=closure, renormalise=renormalise, flow_step=flow_step)
     means, covs = flow.solve(model.pack(p0, mu0, ch0), ck)
     runs, cps, dim = means.shape
     grad = np.zeros(dim)
@@ -247,33 +276,33 @@ def finite_xi_flow(instance, eta, d, steps, p0, mu0, c0, *, eta_c=None, project=
     return FiniteXi(ck, m, folded_mean(m, sd), sd, c_ov, means, covs)
 
 
-def finite_xi_ensemble(instance, eta, d, steps, p0, mu0, c0, *, eta_c=None, project=False,
-                       joint_c=True, prox=0.0, label_noise=0.0, batch=1, particles=32,
-                       seed=0, flow_step=FLOW_STEP, noise_blocks=None,
-                       noise_points=NOISE_POINTS, noise_every=NOISE_EVERY,
+def finite_xi_ensemble(instance, regime: FinetuneRegime, steps, start: FinetuneStart, *,
+                       scheme: EnsembleScheme = EnsembleScheme(), noise_blocks=None,
                        model: FinetuneModel | None = None) -> FiniteXi:
-    """The diffusion approximation of the chain (docs/theory/finite-xi.md, (S)):
-    dy = D(y) dt + V^{1/2} dB per SGD step, D the corrected drift and V the step noise
-    (:class:`StepNoise` on ``noise_points`` QMC points, taken at each run's ensemble mean
-    every ``noise_every`` steps), by
-    Euler–Maruyama in steps η·h ≤ ``flow_step`` for ``particles`` paths per run from its
-    start. ``abs_m`` is the paths' mean |⟨û, u⟩|, ``m`` their mean, ``m_sd`` their sd,
-    ``c_overlap`` the mean cosine of ĉ to c; ``means``/``covs`` the paths' moments.
+    """The diffusion approximation of the chain (docs/theory/finite-xi.md, (S)) under
+    ``regime`` (with its d): dy = D(y) dt + V^{1/2} dB per SGD step, D the corrected drift
+    and V the step noise (:class:`StepNoise` on ``scheme.noise_points`` QMC points, taken at
+    each run's ensemble mean every ``scheme.noise_every`` steps), by Euler–Maruyama in steps
+    η·h ≤ ``scheme.flow_step`` for ``scheme.particles`` paths per run from its ``start``
+    (as :func:`finite_xi_flow`'s). ``abs_m`` is the paths' mean |⟨û, u⟩|, ``m`` their
+    mean, ``m_sd`` their sd, ``c_overlap`` the mean cosine of ĉ to c; ``means``/``covs`` the
+    paths' moments.
     ``noise_blocks`` (diagnosis): a subset of {"p", "mu", "c"} whose noise is kept. (V at
     each path's own state instead of the mean was measured worse: finite-xi.md.)"""
     from hermite.flows.ode import check_steps
 
     ck = check_steps(steps, integer=False)
+    d = _finite_d(regime)
     if model is None:
-        model = FinetuneModel(instance, eta, project=project, joint_c=joint_c, eta_c=eta_c,
-                              prox=prox)
-    p0, mu0, ch0 = _start(model, None, mu0, p0, c0)
+        model = FinetuneModel.of(instance, regime)
+    p0, mu0, ch0 = _start(model, start)
     runs, dim, k = mu0.size, model.dim, model.k
-    flow = FiniteXiFlow(model, d, np.repeat(ch0, particles, axis=0), batch=batch,
-                        label_noise=label_noise, closure=False, flow_step=flow_step,
-                        noise_points=noise_points)
+    particles = scheme.particles
+    flow = FiniteXiFlow(model, d, np.repeat(ch0, particles, axis=0), batch=regime.batch,
+                        label_noise=regime.label_noise, closure=False,
+                        flow_step=scheme.flow_step, noise_points=scheme.noise_points)
     noise = flow.noise
-    second = SecondMoment(model, d, batch, label_noise)
+    second = SecondMoment(model, d, regime.batch, regime.label_noise)
     mask = np.ones((dim, dim), dtype=bool)
     if noise_blocks is not None:
         idx = {"p": range(0, 0 if model.project else k)}
@@ -283,7 +312,7 @@ def finite_xi_ensemble(instance, eta, d, steps, p0, mu0, c0, *, eta_c=None, proj
         for b in noise_blocks:
             keep[list(idx[b])] = True
         mask = keep[:, None] & keep[None, :]
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(scheme.seed)
     y = np.repeat(model.pack(p0, mu0, ch0)[:, None, :], particles, axis=1)
     grad = np.zeros(dim)
     if not model.project:
@@ -299,7 +328,7 @@ def finite_xi_ensemble(instance, eta, d, steps, p0, mu0, c0, *, eta_c=None, proj
             h = min(flow.h_max, target - t)
             ybar = y.mean(axis=1)
             pm, mm, cm = model.unpack(ybar, ch0)
-            if taken % noise_every == 0:  # V and E‖Ḡ_T‖² at the runs' path means
+            if taken % scheme.noise_every == 0:  # V and E‖Ḡ_T‖² at the runs' path means
                 v = np.where(mask, noise(pm, mm, cm), 0.0)
                 lam, vec = np.linalg.eigh(v)
                 chol = vec * np.sqrt(np.maximum(lam, 0.0))[:, None, :]

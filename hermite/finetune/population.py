@@ -90,6 +90,14 @@ from hermite._activation import resolve_activation
 from hermite._quadrature import gauss_hermite
 from hermite.activations import hermite_normalized
 from hermite.expansion.kernels import dual_kernel, dual_kernel_derivative
+from hermite.flows.regime import (
+    FinetuneRegime,
+    FinetuneStart,
+    SolverSettings,
+    _nonnegative,
+    _positive,
+    from_keywords,
+)
 
 __all__ = ["PairKernel", "FinetuneModel", "FinetuneODE", "finetune_ode",
            "finetune_steps_to_reach", "finetune_ode_kind", "HOMOGENEOUS_DEGREE", "MEHLER_TERMS",
@@ -285,9 +293,7 @@ class FinetuneModel:
         _check_instance(inst)
         self.eta = _positive("eta", self.eta)
         self.eta_c = self.eta if self.eta_c is None else _positive("eta_c", self.eta_c)
-        self.prox = float(self.prox)
-        if not (math.isfinite(self.prox) and self.prox >= 0.0):
-            raise ValueError(f"prox must be a finite number ≥ 0, got {self.prox!r}")
+        self.prox = _nonnegative("prox", self.prox)
         self.k, self.xi = int(inst.k), float(inst.xi)
         self.L = np.asarray(inst.w_factor, dtype=float)
         self.G = np.asarray(inst.gram, dtype=float)
@@ -305,6 +311,12 @@ class FinetuneModel:
         self.T = self.G + xi * (np.outer(wu, c) + np.outer(c, wu)) + xi**2 * np.outer(c, c)
         self.P = np.diag(self.T).copy()
         self.lam2 = np.outer(self.lam, self.lam)
+
+    @classmethod
+    def of(cls, instance, regime: FinetuneRegime, kernel: PairKernel | None = None):
+        """The model of ``instance`` under the learner's ``regime``."""
+        return cls(instance, regime.eta, project=regime.project, joint_c=regime.joint_c,
+                   eta_c=regime.eta_c, prox=regime.prox, kernel=kernel)
 
     # -- geometry
     def raw_grams(self, p, mu, ch):
@@ -424,13 +436,6 @@ class FinetuneModel:
         mu = y[:, i]
         ch = y[:, i + 1:] if self.joint_c else ch0
         return p, mu, ch
-
-
-def _positive(name, val) -> float:
-    val = float(val)
-    if not math.isfinite(val) or val <= 0.0:
-        raise ValueError(f"{name} must be a finite number > 0, got {val:g}")
-    return val
 
 
 def _as_state(p, mu, ch, k):
@@ -619,8 +624,11 @@ class FinetuneODE:
     kind: str
 
 
-def _start(model, m0, mu0, p0, c_hat0):
+def _start(model, start: FinetuneStart | None):
     """(p0 (R, k), μ0 (R,), ĉ0 (R, k)) from the given start (one-line ValueError if invalid)."""
+    if start is None:
+        raise ValueError("give the start: m0, or mu0 (and p0)")
+    m0, mu0, p0, c_hat0 = start.m0, start.mu0, start.p0, start.c_hat0
     k, up = model.k, model.u_perp
     if mu0 is None:
         if m0 is None:
@@ -652,48 +660,47 @@ def _start(model, m0, mu0, p0, c_hat0):
     return p0, mu0, ch
 
 
-def _setup(instance, eta, model, start, *, project, joint_c, eta_c, prox, corrected, d,
-           batch, label_noise):
+def _setup(instance, regime: FinetuneRegime, start: FinetuneStart | None, corrected: bool,
+           model: FinetuneModel | None):
     """(model, (p₀, μ₀, ĉ₀), the second moment of the corrected drift or None) of
-    :func:`finetune_ode` and :func:`finetune_steps_to_reach`; ``start`` = (m0, mu0, p0,
-    c_hat0) as they take it."""
+    :func:`finetune_ode` and :func:`finetune_steps_to_reach` (``model``: a prebuilt one of
+    ``regime``, else built)."""
     if model is None:
-        model = FinetuneModel(instance, eta, project=project, joint_c=joint_c, eta_c=eta_c,
-                              prox=prox)
-    start = _start(model, *start)
+        model = FinetuneModel.of(instance, regime)
+    start = _start(model, start)
     second = None
     if corrected:
-        if d is None:
+        if regime.d is None:
             raise ValueError("the finite-d corrected ODE needs the dimension d")
-        second = SecondMoment(model, d, batch, label_noise)
+        second = SecondMoment(model, regime.d, regime.batch, regime.label_noise)
     return model, start, second
 
 
-def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=None,
-                 project: bool = True, joint_c: bool = False, eta_c=None, prox: float = 0.0,
-                 corrected: bool = False, d: int | None = None, batch: int = 1,
-                 label_noise: float = 0.0, rtol: float = 1e-7, atol: float = 1e-10,
-                 method: str = "BDF", chunk: int = 2_000_000,
-                 model: FinetuneModel | None = None,
-                 escape: bool | None = None) -> FinetuneODE:
+def finetune_ode(instance, regime: FinetuneRegime | float, steps,
+                 start: FinetuneStart | None = None, *, corrected: bool = False,
+                 solver: SolverSettings | None = None, model: FinetuneModel | None = None,
+                 escape: bool | None = None, **keywords) -> FinetuneODE:
     """Integrate the population ODE of fine-tuning from each run's start (module docstring).
 
     Parameters
     ----------
     instance : a fine-tuning :class:`dynamics.instances.instance.Instance` (any convention,
-    u_alpha). eta : step size η of û; ``eta_c`` that of ĉ (default η).
+    u_alpha).
+    regime : the learner's :class:`~hermite.flows.regime.FinetuneRegime` (η, η_c, project,
+        joint_c, prox; d, batch, label_noise for the corrected drift), or the step size η
+        with the regime's other fields as keywords.
     steps : (C,) sorted checkpoint steps (times of the flow, in SGD steps).
-    m0 : (R,) start overlaps with p = 0 (the learner's initial law), or ``mu0`` (R,) with
-        ``p0`` (R, k) (default 0); ``c_hat0`` (k,) or (R, k) (default the instance's ĉ).
-    project, joint_c, prox : the learner's options.
-    corrected : add the O(η²d) renormalisation drift (needs ``d``; ``batch`` and
+    start : the runs' :class:`~hermite.flows.regime.FinetuneStart` (m0 (R,) with p = 0, or
+        mu0 (R,) and p0 (R, k); c_hat0 (k,) or (R, k), default the instance's ĉ), or its
+        fields as keywords.
+    corrected : add the O(η²d) renormalisation drift (needs the regime's ``d``; ``batch`` and
         ``label_noise`` enter it); otherwise the plain O(η) drift (``batch`` and
         ``label_noise`` do not change it).
-    rtol, atol, method : ``solve_ivp``'s (default BDF with the runs' block-diagonal
-        Jacobian pattern: near the teacher a kinked σ makes the flow stiff; "DOP853" for a
-        reference). The corrected ODE uses RK4 (:class:`CorrectedFlow`: η·Δt ≤
-        ``FLOW_STEP``, Δt·ρ ≤ ``FLOW_RATE``).
-    chunk : runs per ``solve_ivp`` call are limited to about chunk / k² (memory).
+    solver : :class:`~hermite.flows.regime.SolverSettings` (or rtol, atol, method, chunk as
+        keywords): ``solve_ivp``'s (default BDF with the runs' block-diagonal Jacobian
+        pattern: near the teacher a kinked σ makes the flow stiff; "DOP853" for a reference)
+        and the runs per call (about chunk / k²). The corrected ODE uses RK4
+        (:class:`CorrectedFlow`: η·Δt ≤ ``FLOW_STEP``, Δt·ρ ≤ ``FLOW_RATE``).
     escape : with ``corrected``, the line E|m| of :func:`hermite.finetune.escape.escape_line`
         (the corrected flow plus the diffusion of the escape from |m₀| ~ d^{−1/2}, eq. (E2)
         of docs/theory/finite-d.md); default (None): where ĉ is joint and û unprojected.
@@ -705,11 +712,9 @@ def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=Non
     """
     from hermite.flows.ode import check_steps
 
+    regime, start, solver = from_keywords("finetune_ode", regime, keywords, start, solver)
     ck = check_steps(steps, integer=False)
-    model, (p0, mu0, ch0), second = _setup(
-        instance, eta, model, (m0, mu0, p0, c_hat0), project=project, joint_c=joint_c,
-        eta_c=eta_c, prox=prox, corrected=corrected, d=d, batch=batch,
-        label_noise=label_noise)
+    model, (p0, mu0, ch0), second = _setup(instance, regime, start, corrected, model)
     runs, k, cps = mu0.size, model.k, ck.size
     if escape is None:
         escape = model.joint_c and not model.project
@@ -723,11 +728,10 @@ def finetune_ode(instance, eta, steps, *, m0=None, mu0=None, p0=None, c_hat0=Non
                            finetune_ode_kind(corrected, escape=True))
     out_p, out_mu = np.empty((runs, cps, k)), np.empty((runs, cps))
     out_c = np.empty((runs, cps, k))
-    step = max(1, int(chunk // max(1, k * k)))
+    step = max(1, int(solver.chunk // max(1, k * k)))
     for a in range(0, runs, step):
         sl = slice(a, min(runs, a + step))
-        P, MU, CH = _integrate(model, p0[sl], mu0[sl], ch0[sl], ck, second, rtol, atol,
-                               method)
+        P, MU, CH = _integrate(model, p0[sl], mu0[sl], ch0[sl], ck, second, solver)
         out_p[sl], out_mu[sl], out_c[sl] = P, MU, CH
     m = np.einsum("rck,k->rc", out_p, model.u_w) + out_mu * model.u_perp
     c = model.c
@@ -762,7 +766,7 @@ def _block_sparsity(runs: int, dim: int) -> scipy.sparse.csr_matrix:
     return scipy.sparse.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(runs * dim,) * 2)
 
 
-def _integrate(model, p0, mu0, ch0, ck, second, rtol, atol, method="BDF"):
+def _integrate(model, p0, mu0, ch0, ck, second, solver: SolverSettings):
     runs, cps = mu0.size, ck.size
     y0 = model.pack(p0, mu0, ch0).ravel()
     if ck[-1] == 0.0:
@@ -772,8 +776,10 @@ def _integrate(model, p0, mu0, ch0, ck, second, rtol, atol, method="BDF"):
     else:  # BDF: near the teacher ρᵢᵢ → 1 and a kinked σ's K″ blows up (stiff); the
         # Jacobian is block-diagonal over runs, so it costs `dim` evaluations
         block = _block_sparsity(runs, model.dim)
+        method = solver.method
         sol = scipy.integrate.solve_ivp(_rhs(model, ch0, second), (0.0, float(ck[-1])), y0,
-                                        method=method, t_eval=ck, rtol=rtol, atol=atol,
+                                        method=method, t_eval=ck, rtol=solver.rtol,
+                                        atol=solver.atol,
                                         **({"jac_sparsity": block} if method in (
                                             "BDF", "Radau") else {}))
         if not sol.success:
@@ -899,22 +905,20 @@ def rk4_step(fun, t, y, dt):
     return y + dt * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0, k1
 
 
-def finetune_steps_to_reach(instance, eta, level, *, m0=None, mu0=None, p0=None, c_hat0=None,
-                            project: bool = True, joint_c: bool = False, eta_c=None,
-                            prox: float = 0.0, max_steps: float = 1e12, corrected=False,
-                            d=None, batch=1, label_noise=0.0, rtol: float = 1e-9,
-                            model: FinetuneModel | None = None) -> np.ndarray:
+def finetune_steps_to_reach(instance, regime: FinetuneRegime | float, level,
+                            start: FinetuneStart | None = None, *, max_steps: float = 1e12,
+                            corrected: bool = False, rtol: float = 1e-9,
+                            model: FinetuneModel | None = None, **keywords) -> np.ndarray:
     """(R,) steps of the flow for |⟨û, u⟩| to reach ``level`` (0 if |m₀| ≥ level; inf if not
     within ``max_steps``: a fixed point short of the level, or a level ≥ what û can reach).
-    Plain ODE: DOP853 with an event; ``corrected``: the fixed-step RK4 of
+    ``regime`` and ``start`` as in :func:`finetune_ode` (or their fields as keywords).
+    Plain ODE: DOP853 with an event (``rtol``); ``corrected``: the fixed-step RK4 of
     :func:`finetune_ode`, the crossing interpolated linearly within its step."""
+    regime, start = from_keywords("finetune_steps_to_reach", regime, keywords, start)
     level = float(level)
     if not math.isfinite(level) or level <= 0.0:
         raise ValueError(f"level must be a number > 0, got {level:g}")
-    model, (p0, mu0, ch0), second = _setup(
-        instance, eta, model, (m0, mu0, p0, c_hat0), project=project, joint_c=joint_c,
-        eta_c=eta_c, prox=prox, corrected=corrected, d=d, batch=batch,
-        label_noise=label_noise)
+    model, (p0, mu0, ch0), second = _setup(instance, regime, start, corrected, model)
     out = np.empty(mu0.size)
     for r in range(mu0.size):
         p, mu, ch = p0[r:r + 1], mu0[r:r + 1], ch0[r:r + 1]

@@ -51,10 +51,12 @@ import scipy.optimize
 
 from hermite.finite_d.noise import DEFAULT_SAMPLES, _c_hat, _key, h_tilde, one_step_moments
 from hermite.flows.ode import FLOW_RATE, MAP_STEPS_MAX, _check_m0
+from hermite.flows.regime import FinetuneRegime
 
 __all__ = [
     "DriftTable",
     "drift_table",
+    "regime_table",
     "corrected_ode",
     "corrected_mean",
     "noise_floor",
@@ -207,6 +209,28 @@ def drift_table(instance, eta, d=None, *, method="exact", c_hat=None, label_nois
         _TABLE_CACHE.pop(next(iter(_TABLE_CACHE)))
     _TABLE_CACHE[key] = tab
     return tab
+
+
+def regime_table(instance, regime: FinetuneRegime, c_hat=None, **table_kw) -> DriftTable:
+    """The :class:`DriftTable` of the learner's ``regime`` (projected, frozen ĉ, b = 1: the
+    finite-d map's; its η, d (None: the instance's) and label noise), ``c_hat`` the frozen ĉ
+    (default the instance's), ``table_kw`` :func:`drift_table`'s method, grid, samples, seed."""
+    if not regime.project or regime.joint_c or regime.batch != 1:
+        raise ValueError("the finite-d map is derived for projected û, frozen ĉ and b = 1")
+    return drift_table(instance, regime.eta, regime.d, c_hat=c_hat,
+                       label_noise=regime.label_noise, **table_kw)
+
+
+def _table(instance, eta, d, table: DriftTable | None, table_kw: dict) -> DriftTable:
+    """``table``, or the one :func:`drift_table` builds for (instance, η, d) from its
+    keywords ``table_kw`` (method, c_hat, label_noise, grid, samples, seed); both is a
+    TypeError."""
+    if table is None:
+        return drift_table(instance, eta, d, **table_kw)
+    if table_kw:
+        raise TypeError(f"got a drift table and drift_table's keyword(s) "
+                        f"{', '.join(table_kw)}: give one or the other")
+    return table
 
 
 # ---------------------------------------------------------------- numba kernels
@@ -392,8 +416,7 @@ def _ckpts(steps):
     return arr
 
 
-def corrected_ode(instance, eta, d, m0, steps, *, c_hat=None, label_noise=0.0,
-                  method="exact", closure=False, table: DriftTable | None = None,
+def corrected_ode(instance, eta, d, m0, steps, *, closure=False, table: DriftTable | None = None,
                   return_blowup: bool = False, **table_kw) -> np.ndarray:
     """Iterate the finite-d mean-field map m̄_{t+1} = m̄_t + u⊥·D(m̄_t/u⊥) from each m₀.
 
@@ -411,9 +434,10 @@ def corrected_ode(instance, eta, d, m0, steps, *, c_hat=None, label_noise=0.0,
     of μ above ``VAR_BLOWUP`` = 1, the most a quantity in [−1, 1] can have) is a blow-up: the
     run reads NaN from there, and ``return_blowup=True`` also returns the (R,) blow-up steps
     (−1: none). A fixed point in floating point skips to the next checkpoint (exact).
+    The map's drift is ``table`` (e.g. :func:`regime_table`'s), or the one :func:`drift_table`
+    builds from its keywords ``table_kw`` (method, c_hat, label_noise, grid, samples, seed).
     """
-    tab = table or drift_table(instance, eta, d, method=method, c_hat=c_hat,
-                               label_noise=label_noise, **table_kw)
+    tab = _table(instance, eta, d, table, table_kw)
     mu0, ck = _mu0(instance, m0), _ckpts(steps)
     if closure:
         mu, _, blow = _lna(mu0, np.zeros(mu0.size), ck, tab.fine_drift, tab.fine_dprime,
@@ -424,15 +448,15 @@ def corrected_ode(instance, eta, d, m0, steps, *, c_hat=None, label_noise=0.0,
     return (instance.u_perp * mu, blow) if return_blowup else instance.u_perp * mu
 
 
-def corrected_mean(instance, eta, d, m0, steps, *, closure=False, c_hat=None,
-                   label_noise=0.0, method="exact", table: DriftTable | None = None,
+def corrected_mean(instance, eta, d, m0, steps, *, closure=False,
+                   table: DriftTable | None = None,
                    **table_kw) -> tuple[np.ndarray, np.ndarray]:
     """Run-averaged prediction (C,) of :func:`corrected_ode` from the runs' m₀, and its
     sampling standard error (C,): the spread of the predictions of the 8 single-replicate
     tables /√8 (first-order propagation of the drift's sampling error to the curve). Use it in
-    z-scores next to the simulation's SE; raise ``samples`` when it is not small."""
-    tab = table or drift_table(instance, eta, d, method=method, c_hat=c_hat,
-                               label_noise=label_noise, **table_kw)
+    z-scores next to the simulation's SE; raise ``samples`` when it is not small. ``table``
+    and ``table_kw`` as in :func:`corrected_ode`."""
+    tab = _table(instance, eta, d, table, table_kw)
     mean = corrected_ode(instance, eta, d, m0, steps, closure=closure, table=tab).mean(axis=0)
     m0 = np.atleast_1d(np.asarray(m0, dtype=float))
     sub = m0[:: max(1, m0.size // 512)]  # the replicate spread needs no more initial values
@@ -536,16 +560,14 @@ def stationary_moments(instance, eta, d=None, *, c_hat=None, label_noise=0.0,
     return up * root, sd
 
 
-def corrected_steps_to_reach(instance, eta, d, level, m0, *, max_steps=10**9, c_hat=None,
-                             label_noise=0.0, method="exact", table=None,
-                             **table_kw) -> np.ndarray:
+def corrected_steps_to_reach(instance, eta, d, level, m0, *, max_steps=10**9,
+                             table: DriftTable | None = None, **table_kw) -> np.ndarray:
     """First t with sign(h(0))·m̄_t ≥ level under the corrected map, from each m₀ (R,).
 
     ``inf`` when the map stalls (its drift changes sign first, i.e. level is beyond the noise
-    floor) or after ``max_steps``.
+    floor) or after ``max_steps``. ``table`` and ``table_kw`` as in :func:`corrected_ode`.
     """
-    tab = table or drift_table(instance, eta, d, method=method, c_hat=c_hat,
-                               label_noise=label_noise, **table_kw)
+    tab = _table(instance, eta, d, table, table_kw)
     up = instance.u_perp
     level = float(level)
     if not 0 < level:

@@ -51,10 +51,10 @@ import numpy as np
 import scipy.special
 import scipy.stats
 
-from hermite.finite_d.corrected_ode import _ckpts, _lna, _mu0, drift_table, flow_block
+from hermite.finite_d.corrected_ode import _ckpts, _lna, _mu0, _table, flow_block
 from hermite.finite_d.noise import h_tilde
 
-__all__ = ["TheoryBand", "theory_band", "initial_law", "drift_table_sign", "Z90"]
+__all__ = ["TheoryBand", "BandForm", "theory_band", "initial_law", "drift_table_sign", "Z90"]
 
 Z90 = float(scipy.stats.norm.ppf(0.9))  # 1.2816
 
@@ -116,16 +116,43 @@ def _mixture_quantile(means, sds, prob, iters=80):
     return 0.5 * (lo + hi)
 
 
-def theory_band(instance, eta, d, steps, *, m0=None, init="uniform", method="mixture",
-                quantiles=(0.1, 0.9), nodes=64, closure=False, c_hat=None, label_noise=0.0,
-                ode_method="exact", table=None, **table_kw) -> TheoryBand:
+@dataclass(frozen=True)
+class BandForm:
+    """What :func:`theory_band` draws: ``method`` "mixture" or "gaussian" (module
+    docstring), the band's ``quantiles``, and ``nodes`` quantile nodes of the initial law
+    where the runs' m₀ are not given."""
+
+    method: str = "mixture"
+    quantiles: tuple = (0.1, 0.9)
+    nodes: int = 64
+
+    def __post_init__(self):
+        if self.method not in ("mixture", "gaussian"):
+            raise ValueError(f"method must be 'mixture' or 'gaussian', got {self.method!r}")
+        if int(self.nodes) != self.nodes or self.nodes < 1:
+            raise ValueError(f"nodes must be an integer ≥ 1, got {self.nodes!r}")
+
+
+def theory_band(instance, eta, d, steps, *, m0=None, init="uniform", closure=False,
+                form: BandForm | None = None, table=None, **keywords) -> TheoryBand:
     """Theory mean and band of m_t (see the module docstring for both methods).
 
-    m0 : the runs' initial overlaps (mixture over them), or None for ``nodes`` quantile nodes
-    of the ``init`` law. Gaussian method: mean/variance of m0 (or of the law) start the path.
+    m0 : the runs' initial overlaps (mixture over them), or None for ``form.nodes`` quantile
+    nodes of the ``init`` law. Gaussian method: mean/variance of m0 (or of the law) start the
+    path. ``form`` (:class:`BandForm`) or its fields method, quantiles, nodes as keywords.
+    The drift: ``table``, or :func:`drift_table`'s from the other keywords (c_hat,
+    label_noise, ``ode_method`` its method, grid, samples, seed).
     """
-    tab = table or drift_table(instance, eta, d, method=ode_method, c_hat=c_hat,
-                               label_noise=label_noise, **table_kw)
+    picked = {key: keywords.pop(key) for key in ("method", "quantiles", "nodes")
+              if key in keywords}
+    if form is None:
+        form = BandForm(**picked)
+    elif picked:
+        raise TypeError(f"theory_band() got a BandForm and its keyword(s) {', '.join(picked)}")
+    if "ode_method" in keywords:
+        keywords["method"] = keywords.pop("ode_method")
+    tab = _table(instance, eta, d, table, keywords)
+    method, quantiles, nodes = form.method, form.quantiles, form.nodes
     ck = _ckpts(steps)
     up = instance.u_perp
     if m0 is None:
@@ -142,8 +169,6 @@ def theory_band(instance, eta, d, steps, *, m0=None, init="uniform", method="mix
         z = scipy.stats.norm.ppf(quantiles)
         return TheoryBand(ck, mean, sd, mean + z[0] * sd, mean + z[1] * sd, tuple(quantiles),
                           method, int(blow[0]))
-    if method != "mixture":
-        raise ValueError(f"method must be 'mixture' or 'gaussian', got {method!r}")
     mu0 = _mu0(instance, m_nodes)
     means, var, blow = _lna(mu0, np.zeros(mu0.size), ck, tab.fine_drift, tab.fine_dprime,
                             tab.fine_dsecond, tab.fine_var, tab.dth, closure,

@@ -3,7 +3,8 @@
 - ``ode``: the overlap ODE of rank-1 fine-tuning (§3.1, eq. 6 without noise);
 - ``theorems``: the step sizes and horizons of Theorems 11–13 and 16 (App. A.2, C.2);
 - ``rank``: rank-r fine-tuning, the r×r overlap's matrix ODE;
-- ``linearized``: the linearized (NTK) learner's exact population theory.
+- ``linearized``: the linearized (NTK) learner's exact population theory;
+- ``regime``: the fine-tuning learner's regime, start and solver settings (frozen objects).
 
 Imports ``expansion`` and the root.
 """

@@ -61,6 +61,7 @@ from numpy.polynomial import chebyshev
 
 from hermite._activation import resolve_activation
 from hermite.expansion.kernels import dual_kernel, dual_kernel_derivative, kernel_interpolant
+from hermite.flows.regime import LEARNER, FinetuneRegime, from_keywords
 
 __all__ = ["dual_kernel_second_derivative", "LinearQuadratic", "linear_model_quadratic",
            "linear_model_loss", "LinearODE", "linear_model_ode", "linear_model_rank1_gradient",
@@ -473,10 +474,9 @@ class Rank1ODE:
     loss_true: np.ndarray
 
 
-def linear_model_rank1_ode(instance, u0, eta: float, steps, *, c0=None, project: bool = True,
-                           joint_c: bool = False, eta_c: float | None = None,
-                           prox: float = 0.0, rtol: float = 1e-10,
-                           quad: LinearQuadratic | None = None) -> Rank1ODE:
+def linear_model_rank1_ode(instance, u0, regime: FinetuneRegime | float, steps, *, c0=None,
+                           rtol: float = 1e-10, quad: LinearQuadratic | None = None,
+                           **keywords) -> Rank1ODE:
     """Integrate the rank-1 learner's mean drift (:func:`linear_model_rank1_gradient`):
 
         dû/dt = −η (I − ûûᵀ) Π ∇_û L(ξĉûᵀ),   dĉ/dt = −η_c (∇_ĉ L + 2·prox·ξ²ĉ) (joint ĉ),
@@ -487,8 +487,12 @@ def linear_model_rank1_ode(instance, u0, eta: float, steps, *, c0=None, project:
     ⟨û, e⟩(t) = tanh(2ηξ ĉᵀb_e t + artanh⟨û₀, e⟩) (û₀ ⊥ span W, e the coordinate k).
     u0 (D,) or (R, D) unit (R runs integrated together, e.g. the learner's
     ``records["coords"][:, 0]``), D ≥ k + 2 recommended (S, then ⊥ coordinates);
-    c0 (k,) or (R, k) (default: the instance's ĉ); eta_c default η.
+    c0 (k,) or (R, k) (default: the instance's ĉ). ``regime``: the learner's
+    :class:`~hermite.flows.regime.FinetuneRegime` (η, η_c default η, project, joint_c, prox),
+    or η with those as keywords.
     """
+    regime = from_keywords("linear_model_rank1_ode", regime, keywords, accepted=LEARNER)
+    eta, eta_c, project, joint_c = regime.eta, regime.eta_c, regime.project, regime.joint_c
     quad = quad or linear_model_quadratic(instance)
     geo = _geometry(instance)
     k = quad.k
@@ -509,8 +513,8 @@ def linear_model_rank1_ode(instance, u0, eta: float, steps, *, c0=None, project:
         # of (I − ûûᵀ)∇ off the sphere (where uᵀ∇ < 0, a norm error would grow)
         u = u / np.linalg.norm(u, axis=-1, keepdims=True)
         ch = z[n_u:].reshape(batch + (k,)) if joint_c else c0
-        tan, gc = linear_model_rank1_gradient(instance, u, ch, project=project, prox=prox,
-                                              quad=quad)
+        tan, gc = linear_model_rank1_gradient(instance, u, ch, project=project,
+                                              prox=regime.prox, quad=quad)
         if joint_c:
             return np.concatenate([-tan.ravel(), -ratio * gc.ravel()])
         return -tan.ravel()

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import statistics
+from dataclasses import dataclass, replace
 
 import click
 import torch
@@ -21,7 +22,7 @@ from dynamics.randomness.sampling import resolve_device, resolve_dtype
 from dynamics.setup.config import RunConfig
 from sims.bench.rates import engine_rate, sampler_rate, sampling_rate
 
-__all__ = ["command", "measure"]
+__all__ = ["command", "EngineBench", "measure"]
 
 GOALS = {"engine_over_autograd": 100.0, "engine_over_sampling": 0.5}
 
@@ -113,6 +114,36 @@ def _report(res: dict) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class EngineBench:
+    """The options of one ``loradyn bench engine``: its click parameters."""
+
+    d: int
+    k: int
+    runs: int
+    steps: int
+    autograd_steps: int
+    dtype: str
+    device: str
+    repeats: int
+    reduced: bool
+    reduced_steps: int
+    reduced_runs: int | None
+    learners: bool
+    learner_runs: int
+    learner_steps: int
+    quick: bool
+    as_json: bool
+
+    def measured(self) -> EngineBench:
+        """The settings measured: with ``quick``, fewer steps and one repeat."""
+        if not self.quick:
+            return self
+        return replace(self, steps=min(self.steps, 128),
+                       autograd_steps=min(self.autograd_steps, 100), repeats=1,
+                       learner_steps=min(self.learner_steps, 32))
+
+
 @click.command("engine")
 @click.option("--d", "d", type=int, default=2000, help="Input dimension d.")
 @click.option("--k", "k", type=int, default=50, help="Width k.")
@@ -135,27 +166,27 @@ def _report(res: dict) -> str:
 @click.option("--learner-steps", type=int, default=256, help="Steps of each learner row.")
 @click.option("--quick", is_flag=True, help="Fewer steps and one repeat (smoke test).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def command(d, k, runs, steps, autograd_steps, dtype, device, repeats, reduced, reduced_steps,
-            reduced_runs, learners, learner_runs, learner_steps, quick, as_json):
+def command(**params):
     """Engine run-steps/s vs a per-run autograd loop and the sampling bound (ratios), and the
     reduced engine's run-steps/s across d with its ratio to the full engine at --d."""
-    if quick:
-        steps, autograd_steps, repeats = min(steps, 128), min(autograd_steps, 100), 1
-    res = measure(d=d, k=k, runs=runs, steps=steps, autograd_steps=autograd_steps, dtype=dtype,
-                  device=device, repeats=repeats)
-    if reduced:
-        res["reduced"] = reduced_rows(d, k, reduced_runs or runs, reduced_steps, repeats,
+    bench = EngineBench(**params).measured()
+    res = measure(d=bench.d, k=bench.k, runs=bench.runs, steps=bench.steps,
+                  autograd_steps=bench.autograd_steps, dtype=bench.dtype, device=bench.device,
+                  repeats=bench.repeats)
+    if bench.reduced:
+        res["reduced"] = reduced_rows(bench.d, bench.k, bench.reduced_runs or bench.runs,
+                                      bench.reduced_steps, bench.repeats,
                                       res["run_steps_per_s"]["engine"],
-                                      res["setup"]["device"], runs)
-    if learners:
+                                      res["setup"]["device"], bench.runs)
+    if bench.learners:
         from sims.bench.learners import learner_rows
 
-        if quick:
-            learner_steps = min(learner_steps, 32)
-        res["learners"] = {"runs": learner_runs, "steps": learner_steps, "repeats": repeats,
-                           "run_steps_per_s": learner_rows(d, k, learner_runs, learner_steps,
-                                                           dtype, device, repeats)}
-    click.echo(json.dumps(res) if as_json else _report(res))
+        res["learners"] = {"runs": bench.learner_runs, "steps": bench.learner_steps,
+                           "repeats": bench.repeats,
+                           "run_steps_per_s": learner_rows(bench.d, bench.k, bench.learner_runs,
+                                                           bench.learner_steps, bench.dtype,
+                                                           bench.device, bench.repeats)}
+    click.echo(json.dumps(res) if bench.as_json else _report(res))
 
 
 REDUCED_D = (100, 10_000, 10_000_000)

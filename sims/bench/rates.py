@@ -8,7 +8,7 @@ import time
 import torch
 
 from dynamics.engines.engine import FullRun
-from dynamics.randomness.sampling import NoiseSource
+from dynamics.randomness.sampling import NoiseSource, NoiseStreams
 from dynamics.setup.config import RunConfig
 
 __all__ = ["engine_rate", "sampling_rate", "sampler_rate"]
@@ -42,7 +42,7 @@ def sampling_rate(runs, d, steps, device, dtype) -> float:
 def sampler_rate(runs, d, steps, device, dtype) -> float:
     """The engine's own sampler alone, double-buffered: per-run generators (threaded) on CPU,
     one shared generator on CUDA (the engine's ``streams = auto``)."""
-    with NoiseSource(0, runs, 1, d, device=device, dtype=dtype) as src:
+    with NoiseSource(NoiseStreams(0), runs, 1, d, device=device, dtype=dtype) as src:
         sizes = [src.chunk_steps] * max(1, steps // src.chunk_steps)
         _sync(device)
         t0 = time.perf_counter()

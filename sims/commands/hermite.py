@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass, replace
 
 import click
 import numpy as np
@@ -26,6 +27,12 @@ LEVELS = (0.5, 0.9)
 def _finite_or_none(x):
     x = float(x)
     return x if math.isfinite(x) else None
+
+
+def _check_positive(value: float | None, flag: str) -> None:
+    """A step size ``value`` of option ``flag`` (None: not given) must be finite and > 0."""
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise click.BadParameter(f"must be > 0, got {value:g}", param_hint=f"'{flag}'")
 
 
 def _emit(payload: dict, as_json: bool, human) -> None:
@@ -167,6 +174,31 @@ def _reach(values, spec, never="never") -> str:
     return ", ".join(never if v is None else format(v, spec) for v in values)
 
 
+@dataclass(frozen=True)
+class OdeCommand:
+    """The options of ``loradyn hermite ode`` (its flags), the step sizes and ``--prox``
+    checked."""
+
+    spec: str
+    eta: float
+    steps: int
+    m0_values: tuple
+    checkpoints: int
+    corrected: bool
+    target_eps: float | None
+    joint_c: bool
+    project: bool
+    eta_c: float | None
+    prox: float
+    as_json: bool
+
+    def __post_init__(self):
+        _check_positive(self.eta, "--eta")
+        _check_positive(self.eta_c, "--eta-c")
+        if not math.isfinite(self.prox) or self.prox < 0:
+            raise click.BadParameter(f"must be ≥ 0, got {self.prox:g}", param_hint="'--prox'")
+
+
 @hermite.command("ode")
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--eta", type=float, required=True, help="Step size eta > 0.")
@@ -183,8 +215,7 @@ def _reach(values, spec, never="never") -> str:
                    "beside the Theorem 11-13 step size (needs d).")
 @option_flags("joint_c", "project", "eta_c", "prox")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, joint_c, project,
-            eta_c, prox, as_json):
+def ode_cmd(**options):
     """Population-ODE overlap curve m_t and the steps to reach |m| = 0.5 and 0.9.
 
     Projected, frozen ĉ, unit rows: Prop. 4's map on the exact h table (with --corrected its
@@ -194,20 +225,15 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, joi
     drift; u_alpha and the convention come from SPEC."""
     import hermite as th
 
-    if not math.isfinite(eta) or eta <= 0:
-        raise click.BadParameter(f"must be > 0, got {eta:g}", param_hint="'--eta'")
-    if eta_c is not None and (not math.isfinite(eta_c) or eta_c <= 0):
-        raise click.BadParameter(f"must be > 0, got {eta_c:g}", param_hint="'--eta-c'")
-    if not math.isfinite(prox) or prox < 0:
-        raise click.BadParameter(f"must be ≥ 0, got {prox:g}", param_hint="'--prox'")
-    inst = _load(spec)
-    if joint_c or not project or not inst.unit_rows:
-        return _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected,
-                                 target_eps, joint_c, project, eta_c, prox, as_json)
-    if eta_c is not None or prox:
+    cmd = OdeCommand(**options)
+    inst = _load(cmd.spec)
+    if cmd.joint_c or not cmd.project or not inst.unit_rows:
+        return _finetune_ode_cmd(th, inst, cmd)
+    if cmd.eta_c is not None or cmd.prox:
         raise ValueError("--eta-c and --prox act on ĉ: they need --joint-c")
-    m0 = _start_overlaps(m0_values, inst, lambda: th.h0_sign(inst) or 1)
-    ck = _checkpoints(steps, checkpoints)
+    eta, steps, target_eps = cmd.eta, cmd.steps, cmd.target_eps
+    m0 = _start_overlaps(cmd.m0_values, inst, lambda: th.h0_sign(inst) or 1)
+    ck = _checkpoints(steps, cmd.checkpoints)
     table = th.HTable.for_instance(inst)
     from hermite.finite_d.stability import step_limit
 
@@ -234,9 +260,9 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, joi
         click.echo(f"warning: the population ODE blew up (|m| > 2u_perp) in {(blow >= 0).sum()}"
                    f" of {blow.size} curve(s), first at step {blow[blow >= 0].min()}; NaN from "
                    "there on (eta is beyond the map's stability limit)", err=True)
-    if (corrected or target_eps is not None) and inst.d is None:
+    if (cmd.corrected or target_eps is not None) and inst.d is None:
         raise ValueError("--corrected and --target-eps need key 'd' in the instance spec")
-    if corrected:
+    if cmd.corrected:
         payload["corrected"] = c = _corrected_payload(th, inst, eta, m0, ck, steps, progress)
         if any(b is not None for b in c["blowup_step"]) or c["band_blowup_step"] is not None:
             click.echo("warning: the noise-corrected map or its theory band blew up; NaN from "
@@ -276,7 +302,7 @@ def ode_cmd(spec, eta, steps, m0_values, checkpoints, corrected, target_eps, joi
                        f"Theorem {r['theorem']}: eta = {r['eta_theorem']:.4g} "
                        f"(ratio {r['ratio']:.3g})")
 
-    _emit(payload, as_json, human)
+    _emit(payload, cmd.as_json, human)
 
 
 def _start_overlaps(m0_values, inst, sign, what: str = "") -> np.ndarray:
@@ -294,26 +320,26 @@ def _start_overlaps(m0_values, inst, sign, what: str = "") -> np.ndarray:
     return m0
 
 
-def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, target_eps,
-                      joint_c, project, eta_c, prox, as_json):
+def _finetune_ode_cmd(th, inst, cmd: OdeCommand):
     """``loradyn hermite ode`` beyond the projected/frozen/unit case: the population ODE of
     fine-tuning (hermite.finetune_ode) from p = 0 and the given m₀, ĉ₀ = the spec's ĉ."""
-    if target_eps is not None:
+    eta, steps, joint_c, project, prox = cmd.eta, cmd.steps, cmd.joint_c, cmd.project, cmd.prox
+    if cmd.target_eps is not None:
         raise ValueError("--target-eps is derived for the projected learner with frozen ĉ and "
                          "unit rows only (not with --joint-c, --no-project or an App. B "
                          "convention)")
-    if (eta_c is not None or prox) and not joint_c:
+    if (cmd.eta_c is not None or prox) and not joint_c:
         raise ValueError("--eta-c and --prox act on ĉ: they need --joint-c")
-    if corrected and inst.d is None:
+    if cmd.corrected and inst.d is None:
         raise ValueError("--corrected needs key 'd' in the instance spec")
-    model = th.FinetuneModel(inst, eta, project=project, joint_c=joint_c, eta_c=eta_c,
+    model = th.FinetuneModel(inst, eta, project=project, joint_c=joint_c, eta_c=cmd.eta_c,
                              prox=prox)
     def sign():  # the side the flow leaves m = 0 to
         _, b, _ = model.gradient(None, np.zeros(1), inst.c_hat[None, :])
         return int(np.sign(-b[0])) or 1
 
-    m0 = _start_overlaps(m0_values, inst, sign, " (a start with û ⊥ span W)")
-    ck = _checkpoints(steps, checkpoints)
+    m0 = _start_overlaps(cmd.m0_values, inst, sign, " (a start with û ⊥ span W)")
+    ck = _checkpoints(steps, cmd.checkpoints)
     sol = th.finetune_ode(inst, eta, ck, m0=m0, model=model)
     reach = {f"{lv:g}": [_finite_or_none(v) for v in th.finetune_steps_to_reach(
         inst, eta, lv, m0=m0, model=model)] for lv in LEVELS}
@@ -323,7 +349,7 @@ def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, t
                "u_perp": inst.u_perp, "ode": sol.kind, "steps": ck.tolist(),
                "m0": m0.tolist(), "m": _clean(sol.m), "c_overlap": _clean(sol.c_overlap),
                "steps_to_reach": reach}
-    if corrected:
+    if cmd.corrected:
         cor = th.finetune_ode(inst, eta, ck, m0=m0, model=model, corrected=True, d=inst.d)
         payload["corrected"] = {
             "d": inst.d, "ode": cor.kind, "m": _clean(cor.m), "c_overlap": _clean(cor.c_overlap),
@@ -356,7 +382,52 @@ def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, t
                 click.echo(f"corrected steps to reach |m| = {key}: "
                            + _reach(vals, ".6g", "not within horizon"))
 
-    _emit(payload, as_json, human)
+    _emit(payload, cmd.as_json, human)
+
+
+@dataclass(frozen=True)
+class CommitteeCommand:
+    """The options of ``loradyn hermite committee`` (its flags), the step sizes checked."""
+
+    spec: str
+    learner: str
+    eta: float
+    steps: int
+    width: int | None
+    train_second_layer: bool
+    eta_c: float | None
+    rows: str
+    init_scale: float
+    init_rows: str | None
+    init_frame: str
+    label_noise: float
+    batch: int
+    seed: int
+    init_overlap: float | None
+    checkpoints: int
+    first_order: bool
+    noise_paths: int | None
+    integrals: str
+    as_json: bool
+
+    def __post_init__(self):
+        _check_positive(self.eta, "--eta")
+        _check_positive(self.eta_c, "--eta-c")
+
+    def learner_options(self) -> dict:
+        """The learner options it sets: one the learner does not take is a one-line
+        ForeignOptionError from RunConfig (defaults pass)."""
+        return {"rows": self.rows, "init_scale": self.init_scale, "init_rows": self.init_rows,
+                "init_frame": self.init_frame, "width": self.width,
+                "train_second_layer": self.train_second_layer, "eta_c": self.eta_c}
+
+    def start_label(self) -> str:
+        """Where run 0's start comes from, in words."""
+        if self.init_rows is not None:
+            return f"the rows of {self.init_rows} (run 0)"
+        if self.init_overlap is not None:
+            return f"R = {self.init_overlap:g}·I"
+        return f"the learner's initial rows (run 0, seed {self.seed})"
 
 
 @hermite.command("committee")
@@ -393,9 +464,7 @@ def _finetune_ode_cmd(th, inst, eta, steps, m0_values, checkpoints, corrected, t
                                    "(auto), closed forms only (an error without them), or "
                                    "quadrature throughout.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, rows,
-                  init_scale, init_rows, init_frame, label_noise, batch, seed, init_overlap,
-                  checkpoints, first_order, noise_paths, integrals, as_json):
+def committee_cmd(**options):
     """Committee-machine ODE (hermite.committee) of a network learner alone: loss and
     alignment at log-spaced steps (and α = steps/d) from run 0's initial overlaps; with
     --noise-paths the diffusion with SGD's step noise instead (its mean over the paths)."""
@@ -403,73 +472,74 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
     from dynamics.instances.instance import build_instance, load_spec
     from dynamics.learners import LEARNERS, get_learner
     from dynamics.learners.options import option_names
-    from dynamics.overlays.committee import committee_model, committee_state, integrate
+    from dynamics.overlays.committee import (
+        CommitteeRegime,
+        CommitteeStarts,
+        committee_state,
+        integrate,
+    )
     from dynamics.setup.config import RunConfig
 
-    if not math.isfinite(eta) or eta <= 0:
-        raise click.BadParameter(f"must be > 0, got {eta:g}", param_hint="'--eta'")
-    if eta_c is not None and (not math.isfinite(eta_c) or eta_c <= 0):
-        raise click.BadParameter(f"must be > 0, got {eta_c:g}", param_hint="'--eta-c'")
-    spec_dict = load_spec(spec)
+    cmd = CommitteeCommand(**options)
+    spec_dict = load_spec(cmd.spec)
     inst = build_instance(spec_dict)
     if inst.d is None:
-        raise ValueError(f"instance spec {spec}: key 'd' is required (α = steps/d, "
+        raise ValueError(f"instance spec {cmd.spec}: key 'd' is required (α = steps/d, "
                          "η̄ = eta·d)")
     if not inst.unit_rows:
         raise ValueError("the committee ODE needs the unit-row convention")
     having = [n for n in LEARNERS if get_learner(n).committee_loss is not None]
-    if learner not in having:
-        raise click.BadParameter(f"{learner!r} has no committee ODE; valid: "
+    if cmd.learner not in having:
+        raise click.BadParameter(f"{cmd.learner!r} has no committee ODE; valid: "
                                  f"{', '.join(having)}", param_hint="'--learner'")
-    cls = get_learner(learner)
+    cls = get_learner(cmd.learner)
     runs = 1
-    if init_rows is not None:
-        if init_overlap is not None:
+    if cmd.init_rows is not None:
+        if cmd.init_overlap is not None:
             raise ValueError("--init-rows and --init-overlap both set the start: give one")
-        given = given_rows(init_rows)  # ConfigError naming the file's problem
+        given = given_rows(cmd.init_rows)  # ConfigError naming the file's problem
         runs = given.array.shape[0] if given.per_run else 1
-    # an option the learner does not take is a one-line ForeignOptionError (defaults pass)
-    options = {"rows": rows, "init_scale": init_scale, "init_rows": init_rows,
-               "init_frame": init_frame, "width": width,
-               "train_second_layer": train_second_layer, "eta_c": eta_c}
     try:
-        config = RunConfig(spec_dict, learner=learner, eta=eta, steps=steps, runs=runs,
-                           seed=seed, batch=batch, label_noise=label_noise, **options)
+        config = RunConfig(spec_dict, learner=cmd.learner, eta=cmd.eta, steps=cmd.steps,
+                           runs=runs, seed=cmd.seed, batch=cmd.batch,
+                           label_noise=cmd.label_noise, **cmd.learner_options())
     except ForeignOptionError as exc:
         flags = ", ".join("--" + n.replace("_", "-") for n in option_names(cls.Options))
         raise ValueError(f"--{exc.field.replace('_', '-')} is not an option of learner "
-                         f"{learner!r} (its options: {flags or 'none'})") from None
+                         f"{cmd.learner!r} (its options: {flags or 'none'})") from None
     config.validate()
-    cross, gram, lam_hat, mask = _committee_start(config, init_overlap)
-    trained = getattr(config.options, "train_second_layer", False)
-    model = committee_model(inst, loss=cls.committee_loss,
-                            eta=eta, eta_c=config.step_size_c if trained else None,
-                            label_noise=label_noise, batch=batch, trainable=mask,
-                            second_order=not first_order, rows=rows, method=integrals)
-    state = committee_state(cross, gram, lam_hat, rows)
-    if init_overlap is not None:
+    cross, gram, lam_hat, mask = _committee_start(config, cmd.init_overlap)
+    starts = CommitteeStarts(cross[None], gram[None], lam_hat[None], mask[None])
+    regime = replace(CommitteeRegime.of_learner(
+        config, inst, starts, loss=cls.committee_loss, rows=cmd.rows,
+        diagonal=cls.diagonal_alignment,
+        train_second_layer=getattr(config.options, "train_second_layer", False)),
+        second_order=not cmd.first_order, method=cmd.integrals)
+    model = regime.model(inst, mask)
+    state = committee_state(cross, gram, lam_hat, cmd.rows)
+    if cmd.init_overlap is not None:
         try:
             model.check_state(state)
         except ValueError as exc:
-            raise ValueError(f"--init-overlap {init_overlap:g}: {exc}") from None
-    ck = _checkpoints(steps, checkpoints)
+            raise ValueError(f"--init-overlap {cmd.init_overlap:g}: {exc}") from None
+    ck = _checkpoints(cmd.steps, cmd.checkpoints)
     extra = {}
-    if noise_paths is None:
-        loss, align, integrator = integrate(model, state, ck, inst.d,
-                                            diagonal=cls.diagonal_alignment)
+    if cmd.noise_paths is None:
+        loss, align, integrator = integrate(model, state, ck, inst.d, diagonal=regime.diagonal)
     else:
         from hermite.committee.diffusion import committee_diffusion
 
         tr = committee_diffusion(model, [state], (ck - ck[0]) / inst.d, float(inst.d),
-                                 paths=noise_paths, seed=seed,
-                                 diagonal=cls.diagonal_alignment)
+                                 paths=cmd.noise_paths, seed=cmd.seed,
+                                 diagonal=regime.diagonal)
         loss, align, integrator = tr.loss[0], tr.alignment[0], "diffusion"
-        extra = {"paths": noise_paths, "loss_se": _clean(tr.loss_se[0])}
-    payload = {"learner": learner, "rows": rows, "eta": eta, "eta_d": eta * inst.d,
-               "nn2pp_lr": nn2pp_lr(eta, inst.d, cls.committee_loss), "d": inst.d,
-               "order": 1 if first_order else 2, "integrator": integrator,
-               "init": _start_label(init_overlap, init_rows, seed),
-               "steps": ck.tolist(), "alpha": (ck / inst.d).tolist(), "loss": _clean(loss),
+        extra = {"paths": cmd.noise_paths, "loss_se": _clean(tr.loss_se[0])}
+    payload = {"learner": cmd.learner, "rows": cmd.rows, "eta": cmd.eta,
+               "eta_d": cmd.eta * inst.d,
+               "nn2pp_lr": nn2pp_lr(cmd.eta, inst.d, cls.committee_loss), "d": inst.d,
+               "order": 1 if cmd.first_order else 2, "integrator": integrator,
+               "init": cmd.start_label(), "steps": ck.tolist(),
+               "alpha": (ck / inst.d).tolist(), "loss": _clean(loss),
                "alignment": _clean(align)} | extra
 
     def human(p):
@@ -485,7 +555,7 @@ def committee_cmd(spec, learner, eta, steps, width, train_second_layer, eta_c, r
                                 strict=True):
             click.echo(f"{t:>10d}  {a:>10.4g}  {_fmt(lo, '>14.8g')}  {_fmt(al, '>10.6f')}")
 
-    _emit(payload, as_json, human)
+    _emit(payload, cmd.as_json, human)
 
 
 def nn2pp_lr(eta: float, d: int, loss: str) -> float | None:
@@ -493,14 +563,6 @@ def nn2pp_lr(eta: float, d: int, loss: str) -> float | None:
     ½(y − ŷ)², loradyn's (y − ŷ)²; docs/theory/committee-engine.md), None for a loss nn2pp
     does not have (correlation)."""
     return 2.0 * eta * d if loss == "squared" else None
-
-
-def _start_label(init_overlap, init_rows, seed) -> str:
-    if init_rows is not None:
-        return f"the rows of {init_rows} (run 0)"
-    if init_overlap is not None:
-        return f"R = {init_overlap:g}·I"
-    return f"the learner's initial rows (run 0, seed {seed})"
 
 
 def _committee_start(config, init_overlap):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -19,7 +20,29 @@ from sims.plots.curves import (
     theory_notes,
 )
 
-__all__ = ["plot"]
+__all__ = ["plot", "PlotRequest"]
+
+
+@dataclass(frozen=True)
+class PlotRequest:
+    """The options of one ``loradyn plot``: its click parameters; the figure's extension is
+    checked when the request is made."""
+
+    files: tuple[str, ...]
+    quantity: str
+    x: str
+    xscale: str
+    yscale: str
+    hue: str | None
+    facet: str | None
+    style: str
+    title: str | None
+    out: str
+    force: bool
+
+    def __post_init__(self):
+        if Path(self.out).suffix.lower() not in (".png", ".pdf", ".svg"):
+            raise click.BadParameter("extension must be .png, .pdf or .svg", param_hint="--out")
 
 
 @click.command("plot")
@@ -47,23 +70,23 @@ __all__ = ["plot"]
               help="Output figure; format from the extension (.png, .pdf, .svg).")
 @click.option("--force", is_flag=True, help="Replace an existing --out file (refused "
               "otherwise).")
-def plot(files, quantity, x, xscale, yscale, hue, facet, style, title, out, force):
+def plot(**params):
     """Plot trajectory files (loradyn run) and sweep files (loradyn sweep)."""
-    if Path(out).suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise click.BadParameter("extension must be .png, .pdf or .svg", param_hint="--out")
-    with claim_outputs([Output("--out", out, "figure")], [Input("FILES", f) for f in files],
-                       force=force):
-        curves = load_curves(files)
-        fig = plot_curves(curves, quantity=quantity, x=x, xscale=xscale, yscale=yscale,
-                          hue=hue, facet=facet, style=style, title=title)
-        notes = theory_notes(curves, quantity)
+    request = PlotRequest(**params)
+    with claim_outputs([Output("--out", request.out, "figure")],
+                       [Input("FILES", f) for f in request.files], force=request.force):
+        curves = load_curves(request.files)
+        fig = plot_curves(curves, quantity=request.quantity, x=request.x,
+                          xscale=request.xscale, yscale=request.yscale, hue=request.hue,
+                          facet=request.facet, style=request.style, title=request.title)
+        notes = theory_notes(curves, request.quantity)
         for ax in fig.axes:  # what the legend says besides (values ≤ 0 on a log axis)
             notes = legend_notes(ax, notes)
-        save_figure(fig, out)
-    skipped = lacking(curves, quantity)
-    click.echo(f"wrote {out} ({len(curves) - len(skipped)} curve(s))")
+        save_figure(fig, request.out)
+    skipped = lacking(curves, request.quantity)
+    click.echo(f"wrote {request.out} ({len(curves) - len(skipped)} curve(s))")
     for note in notes:
         click.echo(f"note: {note}", err=True)
     if skipped:
         files = ", ".join(dict.fromkeys(c.attrs.get("file") or c.source for c in skipped))
-        click.echo(f"skipped {len(skipped)} curve(s) without {quantity}: {files}")
+        click.echo(f"skipped {len(skipped)} curve(s) without {request.quantity}: {files}")

@@ -36,6 +36,7 @@ import json
 import math
 import tomllib
 import warnings
+from dataclasses import dataclass, field
 
 import click
 import numpy as np
@@ -44,6 +45,7 @@ from dynamics.engines.choice import engine_reason
 from dynamics.engines.engine import interruptible, simulate
 from dynamics.instances.instance import SPEC_KEYS, SpecError, build_instance, load_spec
 from dynamics.learners import get_learner
+from dynamics.learners.options import all_options
 from dynamics.learners.registry import default_learner
 from dynamics.overlays.audit import audit_trajectory
 from dynamics.runtime.resume import Checkpointer
@@ -71,7 +73,7 @@ from sims.io.summary import quantity_summaries
 from sims.io.trajectory import write_trajectory
 from sims.plots.quick import instance_title, plot_run
 
-__all__ = ["run", "run_config", "summary_json", "parse_overrides", "apply_overrides"]
+__all__ = ["run", "RunRequest", "run_config", "summary_json", "parse_overrides", "apply_overrides"]
 
 _QUOTED = ('"', "'", "[", "{")  # a value starting so must parse as TOML/JSON
 
@@ -212,6 +214,58 @@ def _audit_lines(traj) -> list[str]:
     return [audit.text() for audit in audit_trajectory(traj).values()]
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    """The options of one ``loradyn run``: its click parameters, the learner flags gathered
+    in ``learner_options`` (name → value, given or not). ``given``: the ``--set`` overrides,
+    parsed (:func:`parse_overrides`) when the request is made."""
+
+    spec: str
+    out: str
+    learner: str | None
+    eta: float | None
+    steps: int | None
+    runs: int
+    seed: int
+    batch: int
+    label_noise: float
+    checkpoints: int
+    spacing: str
+    xi_values: tuple[float, ...]
+    instance_seeds: str
+    dtype: str
+    device: str
+    engine: str
+    streams: str
+    overrides: tuple[str, ...]
+    plot: str | None
+    force: bool
+    finite_d_theory: bool
+    as_json: bool
+    resume: bool
+    learner_options: dict
+    given: dict = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "given", parse_overrides(self.overrides))
+
+    @classmethod
+    def from_params(cls, params: dict) -> RunRequest:
+        """The request of the command's click parameters (the learner flags among them)."""
+        flags = all_options()
+        return cls(**{k: v for k, v in params.items() if k not in flags},
+                   learner_options={k: v for k, v in params.items() if k in flags})
+
+    def config_fields(self) -> dict:
+        """The RunConfig fields the command sets (eta/steps None: defaults, :func:`run_config`)."""
+        return dict(eta=self.eta, steps=self.steps, runs=self.runs, seed=self.seed,
+                    batch=self.batch, label_noise=self.label_noise,
+                    checkpoints=self.checkpoints, spacing=self.spacing,
+                    xi_values=list(self.xi_values) or None, instance_seeds=self.instance_seeds,
+                    dtype=self.dtype, device=self.device, engine=self.engine,
+                    streams=self.streams, finite_d_theory=self.finite_d_theory)
+
+
 @click.command("run")
 @click.argument("spec")
 @click.option("--learner", default=None,
@@ -268,19 +322,13 @@ def _audit_lines(traj) -> list[str]:
                    "OUT.resume (saved every few minutes and on Ctrl-C/SIGTERM): the numbers "
                    "of an uninterrupted run; --out and --plot are then replaced. One line "
                    "and no change where there is none or it is another command's.")
-def run(spec, learner, eta, steps, runs, seed, batch, label_noise, checkpoints, spacing,
-        xi_values, instance_seeds, dtype, device, engine, streams, out, plot, finite_d_theory,
-        as_json, force=False, overrides=(), resume=False, **options):
+def run(**params):
     """Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."""
-    given = parse_overrides(overrides)  # before the file: a bad --set is named first
+    request = RunRequest.from_params(params)  # a bad --set is named first
     # --resume replaces the interrupted run's own outputs (module docstring)
-    with claim_run_outputs(spec, out, plot, force or resume):  # before any default
-        _run(spec, given, learner, out, plot, as_json, dict(
-            eta=eta, steps=steps, runs=runs, seed=seed, batch=batch, label_noise=label_noise,
-            checkpoints=checkpoints, spacing=spacing, xi_values=list(xi_values) or None,
-            instance_seeds=instance_seeds, dtype=dtype, device=device, engine=engine,
-            streams=streams, finite_d_theory=finite_d_theory), options, resume=resume,
-             force=force)
+    with claim_run_outputs(request.spec, request.out, request.plot,
+                           request.force or request.resume):  # before any default
+        _run(request)
 
 
 def _command_line() -> str | None:
@@ -331,16 +379,16 @@ def _resume_state(path, resume: bool, force: bool, config_text: str, fp: dict, e
     return None
 
 
-def _run(spec, given, learner, out, plot, as_json, fields, options, *, resume=False,
-         force=False) -> None:
+def _run(request: RunRequest) -> None:
     """The body of ``loradyn run`` once its outputs are claimed (locked)."""
+    spec, given, out, plot = request.spec, request.given, request.out, request.plot
     spec_dict = apply_overrides(load_spec(spec), given)  # read once
-    learner = learner or spec_learner(spec_dict)
+    learner = request.learner or spec_learner(spec_dict)
     try:
         base = build_instance(spec_dict)  # the spec's instance, built once
-        options = given_options(click.get_current_context(), options, learner)
+        options = given_options(click.get_current_context(), request.learner_options, learner)
         config, notes = run_config(spec, spec=spec_dict, base=base, learner=learner,
-                                   **fields, **options)
+                                   **request.config_fields(), **options)
         resolved = preflight(config, instance=base)  # validated there, before any compute
     except SpecError as exc:
         _name_override(exc, given)
@@ -350,7 +398,8 @@ def _run(spec, given, learner, out, plot, as_json, fields, options, *, resume=Fa
     notes.append(f"engine {engine}" + (f" (auto: {why})" if why else ""))
     saved_at = resume_path(out)
     config_text, fp = fingerprint(config, resolved.run_instances)
-    state = _resume_state(saved_at, resume, force, config_text, fp, resolved.engine)
+    state = _resume_state(saved_at, request.resume, request.force, config_text, fp,
+                          resolved.engine)
     if state is not None:
         notes.append(f"resumed at step {state.step} from {saved_at}")
     if why and config.steps * config.runs * base.d >= LONG_FULL_RUN:
@@ -370,7 +419,7 @@ def _run(spec, given, learner, out, plot, as_json, fields, options, *, resume=Fa
             _interrupted(stop, traj, config, out, plot, saved_at)
     if plot:
         plot_run(traj, plot, instance_title(config), config=config)
-    if as_json:
+    if request.as_json:
         click.echo(json.dumps(summary_json(traj)))
     else:
         click.echo(_summary_line(traj, notes))

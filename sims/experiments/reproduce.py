@@ -35,6 +35,8 @@ from sims.experiments.sweep_spec import parse_sweep
 from sims.io.atomic import atomic_file
 from sims.io.sweep import read_sweep
 from sims.plots.curves import (
+    PanelAxes,
+    PanelLook,
     describe,
     draw_panel,
     left_out_notes,
@@ -206,9 +208,10 @@ def render(recipe: Recipe, h5, quick: bool, convention: str | None = None):
         theory, notes = set(), []
         for q, ls in zip(quantities, QUANTITY_STYLE, strict=False):
             prefix = f"{SHORT[q]}: " if len(quantities) > 1 else ""
-            _, lines = draw_panel(ax, members, quantity=q, x=panel.x, xscale=panel.xscale,
-                                yscale=panel.yscale, hue=panel.hue, style=panel.style,
-                                prefix=prefix, ls=ls)
+            _, lines = draw_panel(ax, members, quantity=q,
+                                  axes=PanelAxes(panel.x, panel.xscale, panel.yscale),
+                                  look=PanelLook(hue=panel.hue, style=panel.style,
+                                                 prefix=prefix, ls=ls))
             theory |= lines
             notes += [n for n in left_out_notes(members, q) if n not in notes]
         if len(quantities) > 1:

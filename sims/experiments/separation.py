@@ -23,7 +23,6 @@ it (format ``loradyn-separation``).
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import time
@@ -139,7 +138,7 @@ def ode_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon: fl
     fixed point above L* (loss ≈ 1.2–1.5), which SGD leaves."""
     from dynamics.overlays.committee import committee_model, committee_state
     from dynamics.reduced.network_simulate import ChainStart
-    from hermite.committee import committee_first_passage
+    from hermite.committee import PassageSettings, committee_first_passage
 
     config = scratch_config(sigma, learner, d, runs, c, horizon, seed)
     start = ChainStart(config, config.run_instances())
@@ -151,8 +150,8 @@ def ode_times(sigma: str, learner: str, d: int, runs: int, c: float, horizon: fl
                                 second_order=False)
         hit = committee_first_passage(model, committee_state(cross[r], gram[r],
                                                              start.lam_hat[r]),
-                                      level, d, alpha_max=config.steps / d,
-                                      max_evals=max_evals)
+                                      level, d, PassageSettings(config.steps / d,
+                                                                max_evals=max_evals))
         if math.isfinite(hit.escape):
             out[r] = hit.escape
     return out
@@ -333,16 +332,14 @@ def write_separation(path, result: SeparationResult) -> Path:
     ``median``, ``median_ci``, ``never``, ``horizon_steps``, ``eta``, ``target_loss``,
     ``seconds`` and its RunConfigs and fit as JSON attributes."""
     from sims.io.atomic import hdf5_writer
-    from sims.io.trajectory import git_commit, package_version
+    from sims.io.trajectory import provenance
 
     path = Path(path)
     spec = result.spec
     complete = all(s.fit is not None for s in result.series.values()) and sum(
         len(s.d) for s in result.series.values()) == len(spec.learners) * len(spec.d)
     with hdf5_writer(path) as f:
-        f.attrs.update({
-            "format": FORMAT, "loradyn_version": package_version(), "git_commit": git_commit(),
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        f.attrs.update({"format": FORMAT} | provenance() | {
             "config": json.dumps(spec.settings()), "sigma": spec.sigma, "p": spec.p,
             "level": LEVEL, "seed": spec.seed, "runs": spec.runs, "dtype": "float64",
             "device": "cpu", "engine": "reduced", "complete": complete,

@@ -24,8 +24,6 @@ the command's is one :class:`ResumeFileError` line naming the difference; nothin
 
 from __future__ import annotations
 
-import datetime as _dt
-import functools
 import hashlib
 import json
 from pathlib import Path
@@ -39,10 +37,9 @@ from sims.io.trajectory import (
     TrajectoryFileError,
     config_json,
     create_checked,
-    git_commit,
     open_hdf5,
-    package_version,
     plain_attrs,
+    provenance,
     read_dataset,
 )
 
@@ -56,7 +53,6 @@ SUFFIX = ".resume"
 _HEADER = ("engine", "kind", "step", "total", "reached", "checkpoints", "runs")
 
 
-_commit = functools.cache(git_commit)  # asked once per process, not at every save
 
 
 class ResumeFileError(ResumeError):
@@ -103,9 +99,7 @@ def write_resume(path, state: RunState, *, config: str, fingerprint: dict, out,
     with hdf5_writer(path) as f:
         f.attrs["format"] = FORMAT
         f.attrs["format_version"] = FORMAT_VERSION
-        f.attrs["loradyn_version"] = package_version()
-        f.attrs["git_commit"] = _commit()
-        f.attrs["created"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        f.attrs.update(provenance())
         f.attrs["config"] = config
         f.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
         for key in _HEADER:

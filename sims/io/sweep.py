@@ -18,7 +18,6 @@ Killing the writer at any moment leaves every finished cell intact (``kill -9`` 
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -35,10 +34,9 @@ from sims.io.trajectory import (
     check_writable,
     dataset_attrs,
     filled,
-    git_commit,
     open_hdf5,
-    package_version,
     plain_attrs,
+    provenance,
     read_dataset,
     write_trajectory,
 )
@@ -139,9 +137,7 @@ def rebuild_sweep_file(out, spec, cells, finished: dict[str, Path]) -> Path:
     with hdf5_writer(out) as f:
         f.attrs["format"] = SWEEP_FORMAT
         f.attrs["format_version"] = SWEEP_FORMAT_VERSION
-        f.attrs["loradyn_version"] = package_version()
-        f.attrs["git_commit"] = git_commit()
-        f.attrs["created"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        f.attrs.update(provenance())
         f.attrs["sweep"] = json.dumps(spec.to_dict(), default=str)
         f.attrs["dimensions"] = json.dumps(spec.dimensions(), default=str)
         f.attrs["cell_dir"] = cell_dir(out).name

@@ -31,6 +31,7 @@ files of finished runs have none of the three.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import subprocess
@@ -103,8 +104,10 @@ class TrajectoryFileError(ValueError):
 
 
 # ---------------------------------------------------------------- provenance
+@functools.cache
 def git_commit() -> str:
-    """The source tree's git commit (``+dirty`` if modified), or ``unknown``."""
+    """The source tree's git commit (``+dirty`` if modified), or ``unknown``; asked once per
+    process (the code that runs is the code imported at its start)."""
     root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
@@ -120,6 +123,13 @@ def package_version() -> str:
     from sims import __version__
 
     return __version__
+
+
+def provenance(created: str | None = None) -> dict:
+    """The root attributes every loradyn file stamps: ``loradyn_version``, ``git_commit`` and
+    ``created`` (UTC, ISO 8601 to the second; ``created`` given: kept)."""
+    return {"loradyn_version": package_version(), "git_commit": git_commit(),
+            "created": created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
 
 
 def config_json(config, instances) -> str:
@@ -229,10 +239,7 @@ def write_trajectory(path, traj: Trajectory, config, instances=None, *,
     if instances is None:
         raise ValueError("write_trajectory: the trajectory carries no instances; pass them")
     distinct, index = distinct_instances(instances)
-    meta = {
-        "loradyn_version": package_version(),
-        "git_commit": git_commit(),
-        "created": created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    meta = provenance(created) | {
         "config": config_json(config, instances),
         "seed": int(config.seed),
         "dtype": traj.dtype, "device": traj.device, "engine": traj.engine,

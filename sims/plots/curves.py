@@ -35,7 +35,7 @@ from __future__ import annotations
 import textwrap
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +46,8 @@ from sims.io.sweep import SWEEP_FORMAT, file_format, read_sweep
 from sims.io.trajectory import read_trajectory
 
 __all__ = ["Curve", "QUANTITIES", "NEEDS", "THEORY", "X_UNITS", "X_CHOICES", "TITLE_KEYS",
-           "load_curves", "split_runs", "plot_curves", "draw_panel", "legend", "describe",
-           "wrap_title", "save_figure", "curve_attributes", "quantity_values",
+           "load_curves", "split_runs", "plot_curves", "draw_panel", "PanelAxes", "PanelLook",
+           "legend", "describe", "wrap_title", "save_figure", "curve_attributes", "quantity_values",
            "aligned_c_overlap", "lacking", "resolve_x", "no_theory_reason", "theory_notes",
            "left_out_notes", "readable_ticks", "compact_formatter", "theory_color",
            "legend_keys", "panel_notes", "legend_notes", "widen_for", "TITLE_DEFAULTS",
@@ -453,6 +453,44 @@ class _Panel:
             self.masked[what] = self.masked.get(what, 0) + n
 
 
+@dataclass(frozen=True)
+class PanelAxes:
+    """A panel's axes: x in ``X_UNITS`` (or ``auto``: :func:`resolve_x`), the x and y scales
+    (log or linear) and the x range (None: matplotlib's)."""
+
+    x: str = "steps"
+    xscale: str = "log"
+    yscale: str = "linear"
+    xlim: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class PanelLook:
+    """How a panel's curves look and are named: colours by ``hue`` (or ``colors``: curve id →
+    colour), the median with its band or every run (``style``: band or runs), the attributes
+    named in each legend label (``label_keys``; None: those that vary) after ``prefix``, and
+    the line style ``ls``."""
+
+    hue: str | None = None
+    style: str = "band"
+    label_keys: list[str] | None = None
+    colors: dict | None = None
+    prefix: str = ""
+    ls: str = "-"
+
+
+@dataclass(frozen=True)
+class _CurveLook:
+    """One curve's lines: colour, legend label, band or runs, line style; ``what``: the
+    curve's name in the notes on values left out on a log axis ("" where unnamed)."""
+
+    color: object
+    label: str
+    style: str = "band"
+    ls: str = "-"
+    what: str = ""
+
+
 def _median_line(ax, xs, rows, keep, color, quantity, panel=None, what="theory line",
                  **style) -> bool:
     """Median over runs of a theory array (R, C) where it has finite values, drawn above the
@@ -470,24 +508,24 @@ def _median_line(ax, xs, rows, keep, color, quantity, panel=None, what="theory l
     return True
 
 
-def _band_median(ax, xs, data, color, label, style, ls, panel=None, what="", **marks):
+def _band_median(ax, xs, data, line: _CurveLook, panel: _Panel, **marks):
     """Median over runs of ``data`` (R, C) with its 10–90 % band (or every run); on a log
     axis (``panel``) without its values ≤ 0."""
-    panel = panel or _Panel()
+    color, what = line.color, line.what
     lo, med, hi = _nanpct(data, BAND)
-    if style == "runs":
+    if line.style == "runs":
         for run in data:
             ax.plot(xs, panel.positive(run, f"single runs{what}"), color=color, lw=0.7,
-                    alpha=0.45, ls=ls)
+                    alpha=0.45, ls=line.ls)
     else:
         where = ~(panel.log & ((lo <= 0) | (hi <= 0)))
         panel.count(f"10–90 % band{what}", int((~where).sum()))
         ax.fill_between(xs, lo, hi, where=where, color=color, alpha=0.2, lw=0)
-    ax.plot(xs, panel.positive(med, f"median{what}"), color=color, lw=2, label=label, ls=ls,
-            **marks)
+    ax.plot(xs, panel.positive(med, f"median{what}"), color=color, lw=2, label=line.label,
+            ls=line.ls, **marks)
 
 
-def _references(ax, curve, xs, keep, color, quantity, index=None, panel=None, what="",
+def _references(ax, curve, xs, keep, line: _CurveLook, quantity, panel: _Panel, index=None,
                 **marks) -> set:
     """The quantity's reference lines (median over the plotted runs), dashed or dotted."""
     drawn = set()
@@ -499,44 +537,41 @@ def _references(ax, curve, xs, keep, color, quantity, index=None, panel=None, wh
         if rows.ndim == 1:  # one value per run (base_loss): a horizontal line
             rows = np.repeat(rows[:, None], keep.size, axis=1)
         rows = rows[:, keep] if index is None else rows[:, keep, index]
-        if _median_line(ax, xs, rows, slice(None), color, quantity, panel,
-                        f"{REFERENCE_LABELS[key]}{what}", lw=1.4, ls=ls, **marks):
+        if _median_line(ax, xs, rows, slice(None), line.color, quantity, panel,
+                        f"{REFERENCE_LABELS[key]}{line.what}", lw=1.4, ls=ls, **marks):
             drawn.add(key)
     return drawn
 
 
-def _draw_singular_values(ax, curve, data, xs, keep, color, label, style, ls,
-                          panel=None, what="") -> set:
+def _draw_singular_values(ax, curve, data, xs, keep, line: _CurveLook, panel: _Panel) -> set:
     """One median (and band) per singular value σ_a, a = 1..r, marker per index."""
     theory = set()
     every = max(1, xs.size // 8)
     for a in range(data.shape[-1]):
         name = "σ" + str(a + 1).translate(SUBSCRIPT)
-        lab = name if label == "_nolegend_" else f"{name}: {label}"
+        lab = name if line.label == "_nolegend_" else f"{name}: {line.label}"
         marks = {"marker": MARKERS[a % len(MARKERS)], "markevery": every, "markersize": 5}
-        _band_median(ax, xs, data[:, keep, a], color, lab, style, ls, panel, what, **marks)
-        theory |= _references(ax, curve, xs, keep, color, "singular_values", a, panel, what,
+        _band_median(ax, xs, data[:, keep, a], replace(line, label=lab), panel, **marks)
+        theory |= _references(ax, curve, xs, keep, line, "singular_values", panel, a,
                               markerfacecolor="none", **marks)
     return theory
 
 
-def _draw(ax, curve, color, label, quantity, x, style, xscale, ls="-",
-          panel=None, named: bool = True) -> set | None:
-    """One curve on ``ax``: None if it lacks the quantity, else the theory lines drawn
-    (``named``: values left out on a log axis are counted under the curve's label)."""
+def _draw(ax, curve, line: _CurveLook, quantity, axes: PanelAxes, panel: _Panel) -> set | None:
+    """One curve on ``ax`` (``axes.x`` resolved): None if it lacks the quantity, else the
+    theory lines drawn."""
     data = quantity_values(curve, quantity)
     if data is None:
         return None
-    panel = panel or _Panel()
-    what = f" of “{label}”" if named and label != "_nolegend_" else ""
-    xs = _x(curve, x)
-    keep = xs > 0 if xscale == "log" else np.ones_like(xs, dtype=bool)
+    color = line.color
+    xs = _x(curve, axes.x)
+    keep = xs > 0 if axes.xscale == "log" else np.ones_like(xs, dtype=bool)
     xs = xs[keep]
     if quantity == "singular_values":
-        return _draw_singular_values(ax, curve, data, xs, keep, color, label, style, ls,
-                                     panel, what)
-    _band_median(ax, xs, data[:, keep], color, label, style, ls, panel, what)
-    theory = _references(ax, curve, xs, keep, color, quantity, panel=panel, what=what)
+        return _draw_singular_values(ax, curve, data, xs, keep, line, panel)
+    _band_median(ax, xs, data[:, keep], line, panel)
+    theory = _references(ax, curve, xs, keep, line, quantity, panel)
+    what = line.what
     if quantity in ("overlap", "abs_overlap"):
         t = curve.traj
         if _median_line(ax, xs, t.ode, keep, color, quantity, panel, f"population ODE{what}",
@@ -593,26 +628,22 @@ def _masked_note(quantity: str, masked: dict) -> str:
             f"axis: {'; '.join(parts)}")
 
 
-def draw_panel(ax, curves, *, quantity="overlap", x="steps", xscale="log", yscale="linear",
-               hue=None, style="band", xlim=None, label_keys=None, colors=None,
-               prefix="", ls="-") -> tuple[int, set]:
+def draw_panel(ax, curves, *, quantity="overlap", axes: PanelAxes = PanelAxes(),
+               look: PanelLook = PanelLook()) -> tuple[int, set]:
     """Draw ``curves`` on one Axes; (number of curves drawn, theory lines drawn: a subset of
-    {"ode", "corrected", "band"} and the ``REFERENCE_LABELS`` keys).
-
-    x : an ``X_UNITS`` key or ``auto`` (:func:`resolve_x`).
-    label_keys : attributes named in each curve's legend label [default: those that vary].
-    colors : curve id → colour [default: by ``hue``]. prefix : text before each label.
-    """
-    x = resolve_x(curves, x)
-    colors = colors or dict(zip(map(id, curves), _palette(curves, hue), strict=True))
-    keys = legend_keys(curves) if label_keys is None else label_keys
+    {"ode", "corrected", "band"} and the ``REFERENCE_LABELS`` keys)."""
+    axes = replace(axes, x=resolve_x(curves, axes.x))
+    colors = look.colors or dict(zip(map(id, curves), _palette(curves, look.hue), strict=True))
+    keys = legend_keys(curves) if look.label_keys is None else look.label_keys
     drawn, theory = 0, set()
-    panel = _Panel(log=yscale == "log")
+    panel = _Panel(log=axes.yscale == "log")
     for c in curves:
-        label = prefix + ", ".join(_fmt(k, c.attrs.get(k)) for k in keys)
+        label = look.prefix + ", ".join(_fmt(k, c.attrs.get(k)) for k in keys)
         label = label.rstrip(": ") or "_nolegend_"
-        lines = _draw(ax, c, colors[id(c)], label, quantity, x, style, xscale, ls, panel,
-                      named=len(curves) > 1)
+        named = len(curves) > 1 and label != "_nolegend_"  # left-out values named by label
+        line = _CurveLook(colors[id(c)], label, look.style, look.ls,
+                          f" of “{label}”" if named else "")
+        lines = _draw(ax, c, line, quantity, axes, panel)
         if lines is not None:
             drawn += 1
             theory |= lines
@@ -621,16 +652,16 @@ def draw_panel(ax, curves, *, quantity="overlap", x="steps", xscale="log", yscal
         _add_panel_note(ax, note, note)
     for reason, note in _missing_theory(curves, quantity, keys):
         _add_panel_note(ax, reason, note)
-    ax.set_xscale(xscale)
-    if yscale == "log":
+    ax.set_xscale(axes.xscale)
+    if axes.yscale == "log":
         ax.set_yscale("log", nonpositive="mask")  # never a cliff down to the axis' floor
     else:
-        ax.set_yscale(yscale)
-    if xlim is not None:
-        ax.set_xlim(*xlim)
+        ax.set_yscale(axes.yscale)
+    if axes.xlim is not None:
+        ax.set_xlim(*axes.xlim)
     readable_ticks(ax)
     ax.grid(alpha=0.3)
-    ax.set_xlabel(X_UNITS[x])
+    ax.set_xlabel(X_UNITS[axes.x])
     ax.set_ylabel(QUANTITIES[quantity][0])
     return drawn, theory
 
@@ -985,8 +1016,9 @@ def plot_curves(curves: list[Curve], quantity: str = "overlap", x: str = "auto",
         label_keys.remove(facet)
     theory, drawn = set(), 0
     for ax, (fval, members) in zip(axes.flat, groups, strict=False):
-        n, lines = draw_panel(ax, members, quantity=quantity, x=x, xscale=xscale, yscale=yscale,
-                            style=style, xlim=xlim, label_keys=label_keys, colors=colors)
+        n, lines = draw_panel(ax, members, quantity=quantity,
+                              axes=PanelAxes(x, xscale, yscale, xlim),
+                              look=PanelLook(style=style, label_keys=label_keys, colors=colors))
         drawn, theory = drawn + n, theory | lines
         if not n:
             ax.text(0.5, 0.5, f"no {quantity} here", transform=ax.transAxes, ha="center",

@@ -151,11 +151,11 @@ def theory_passages(curve: Curve, level: float, signs=THEORY_SIGNS, model=None
         return {}, config
     if not inst.d:
         return {}, "the instance has no dimension d (m₀ = d^{-1/2} is undefined)"
-    o = config.options
+    from dynamics.overlays.finetune import finetune_regime
+
     m0 = np.array([s / math.sqrt(inst.d) for s in signs])
-    steps = hermite.finetune_steps_to_reach(inst, config.eta, level, m0=m0, project=o.project,
-                                            joint_c=o.joint_c, eta_c=config.step_size_c,
-                                            prox=o.prox, model=model, rtol=RTOL)
+    steps = hermite.finetune_steps_to_reach(inst, finetune_regime(config, inst), level,
+                                            hermite.FinetuneStart(m0=m0), model=model, rtol=RTOL)
     return dict(zip(signs, (float(v) for v in steps), strict=True)), None
 
 

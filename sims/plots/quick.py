@@ -13,6 +13,8 @@ from dynamics.runtime.trajectory import Trajectory
 
 from .curves import (
     Curve,
+    PanelAxes,
+    PanelLook,
     curve_attributes,
     draw_panel,
     legend,
@@ -108,9 +110,10 @@ def run_figure(traj: Trajectory, title: str, *, config=None, x: str = "auto",
                              constrained_layout=True)
     notes = []
     for ax, quantity in zip(axes.flat, quantities, strict=True):
-        _, theory = draw_panel(ax, curves, quantity=quantity, x=x, xscale="linear",
-                               yscale="log" if quantity == "loss" else "linear",
-                               label_keys=[*keys, "runs"])
+        _, theory = draw_panel(ax, curves, quantity=quantity,
+                               axes=PanelAxes(x, "linear", "log" if quantity == "loss"
+                                              else "linear"),
+                               look=PanelLook(label_keys=[*keys, "runs"]))
         lines = legend_notes(ax, theory_notes(curves, quantity, keys))
         legend(ax, theory=theory, notes=lines, fontsize=8)
         notes += lines
