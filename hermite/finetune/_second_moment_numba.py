@@ -22,6 +22,60 @@ __all__ = ["second_moment_block", "overlap_moments_block", "step_moments_block"]
 
 
 @njit(cache=True, nogil=True)
+def _state(p, mu, ch, r, L, xi, unit, row_scale, xc, sc):
+    """ν of run r's state, and its ξĉⱼ and row normalisations into ``xc``, ``sc`` (k,)."""
+    k = ch.shape[1]
+    nu2 = 1.0 - mu[r] * mu[r]
+    for i in range(k):
+        nu2 -= p[r, i] * p[r, i]
+    for j in range(k):
+        xc[j] = xi * ch[r, j]
+        if unit:
+            om = 0.0
+            for i in range(k):
+                om += L[j, i] * p[r, i]
+            sc[j] = 1.0 / math.sqrt(1.0 + 2.0 * xc[j] * om + xc[j] * xc[j])
+        else:
+            sc[j] = row_scale
+    return math.sqrt(max(nu2, 0.0))
+
+
+@njit(cache=True, nogil=True)
+def _point(p, mu, nu, r, t, z, a, b, lz, y, lam, out, xc, sc, code, deg, pre, delta):
+    """The scalar g of run r's sample gradient along x at point t (its per-neuron δ and
+    pre-activations into ``delta``, ``pre``)."""
+    k = xc.shape[0]
+    s = mu[r] * a[t] + nu * b[t]
+    for i in range(k):
+        s += p[r, i] * z[t, i]
+    f = 0.0
+    for j in range(k):
+        pre[j] = (lz[t, j] + xc[j] * s) * sc[j]
+        val, der = sigma_and_deriv(pre[j], code, deg)
+        f += lam[j] * val
+        delta[j] = lam[j] * der
+    resid = (-2.0 * out) * (y[t] - out * f)
+    g = 0.0
+    for j in range(k):
+        delta[j] *= resid
+        g += delta[j] * xc[j] * sc[j]
+    return g
+
+
+@njit(cache=True, nogil=True)
+def _span_w(g, t, z, L, unit, xc, sc, pre, delta, gw):
+    """The gradient's part in span W at point t (unprojected û) into ``gw`` (k,)."""
+    k = xc.shape[0]
+    for i in range(k):
+        gw[i] = g * z[t, i]
+    if unit:
+        for j in range(k):
+            coef = delta[j] * pre[j] * xc[j] * sc[j] * sc[j]
+            for i in range(k):
+                gw[i] -= coef * L[j, i]
+
+
+@njit(cache=True, nogil=True)
 def second_moment_block(p, mu, ch, z, a, b, lz, y, L, lam, xi, unit, row_scale, out, project,
                         d, code, deg):
     """(R,) mean over the points of ‖G_T‖² (b = 1) at states p (R, k), μ (R,), ĉ (R, k).
@@ -33,55 +87,21 @@ def second_moment_block(p, mu, ch, z, a, b, lz, y, L, lam, xi, unit, row_scale, 
     runs, k = ch.shape
     n = a.shape[0]
     res = np.empty(runs)
-    xc = np.empty(k)
-    sc = np.empty(k)
-    pre = np.empty(k)
-    delta = np.empty(k)
-    gw = np.empty(k)
+    xc, sc, pre, delta, gw = np.empty(k), np.empty(k), np.empty(k), np.empty(k), np.empty(k)
     rest = float(d - k - 2)
     for r in range(runs):
-        nu2 = 1.0 - mu[r] * mu[r]
-        for i in range(k):
-            nu2 -= p[r, i] * p[r, i]
-        nu = math.sqrt(max(nu2, 0.0))
-        for j in range(k):
-            xc[j] = xi * ch[r, j]
-            if unit:
-                om = 0.0
-                for i in range(k):
-                    om += L[j, i] * p[r, i]
-                sc[j] = 1.0 / math.sqrt(1.0 + 2.0 * xc[j] * om + xc[j] * xc[j])
-            else:
-                sc[j] = row_scale
+        nu = _state(p, mu, ch, r, L, xi, unit, row_scale, xc, sc)
         acc = 0.0
         for t in range(n):
-            s = mu[r] * a[t] + nu * b[t]
-            for i in range(k):
-                s += p[r, i] * z[t, i]
-            f = 0.0
-            for j in range(k):
-                pre[j] = (lz[t, j] + xc[j] * s) * sc[j]
-                val, der = sigma_and_deriv(pre[j], code, deg)
-                f += lam[j] * val
-                delta[j] = lam[j] * der
-            resid = (-2.0 * out) * (y[t] - out * f)
-            g = 0.0
-            for j in range(k):
-                delta[j] *= resid
-                g += delta[j] * xc[j] * sc[j]
+            g = _point(p, mu, nu, r, t, z, a, b, lz, y, lam, out, xc, sc, code, deg, pre,
+                       delta)
             ge, gb = g * a[t], g * b[t]
             base = ge * ge + gb * gb + rest * g * g
             if project:
                 sdot = mu[r] * ge + nu * gb
                 acc += base - sdot * sdot
                 continue
-            for i in range(k):
-                gw[i] = g * z[t, i]
-            if unit:
-                for j in range(k):
-                    coef = delta[j] * pre[j] * xc[j] * sc[j] * sc[j]
-                    for i in range(k):
-                        gw[i] -= coef * L[j, i]
+            _span_w(g, t, z, L, unit, xc, sc, pre, delta, gw)
             sdot = mu[r] * ge + nu * gb
             sq = 0.0
             for i in range(k):
@@ -104,51 +124,18 @@ def overlap_moments_block(p, mu, ch, z, a, b, lz, y, L, lam, xi, unit, row_scale
     runs, k = ch.shape
     n = a.shape[0]
     res = np.zeros((runs, 2))
-    xc = np.empty(k)
-    sc = np.empty(k)
-    pre = np.empty(k)
-    delta = np.empty(k)
-    gw = np.empty(k)
+    xc, sc, pre, delta, gw = np.empty(k), np.empty(k), np.empty(k), np.empty(k), np.empty(k)
     for r in range(runs):
-        nu2 = 1.0 - mu[r] * mu[r]
+        nu = _state(p, mu, ch, r, L, xi, unit, row_scale, xc, sc)
         m = mu[r] * u_perp
         for i in range(k):
-            nu2 -= p[r, i] * p[r, i]
             m += p[r, i] * uw[i]
-        nu = math.sqrt(max(nu2, 0.0))
-        for j in range(k):
-            xc[j] = xi * ch[r, j]
-            if unit:
-                om = 0.0
-                for i in range(k):
-                    om += L[j, i] * p[r, i]
-                sc[j] = 1.0 / math.sqrt(1.0 + 2.0 * xc[j] * om + xc[j] * xc[j])
-            else:
-                sc[j] = row_scale
         s1 = 0.0
         s2 = 0.0
         for t in range(n):
-            s = mu[r] * a[t] + nu * b[t]
-            for i in range(k):
-                s += p[r, i] * z[t, i]
-            f = 0.0
-            for j in range(k):
-                pre[j] = (lz[t, j] + xc[j] * s) * sc[j]
-                val, der = sigma_and_deriv(pre[j], code, deg)
-                f += lam[j] * val
-                delta[j] = lam[j] * der
-            resid = (-2.0 * out) * (y[t] - out * f)
-            g = 0.0
-            for j in range(k):
-                delta[j] *= resid
-                g += delta[j] * xc[j] * sc[j]
-            for i in range(k):
-                gw[i] = g * z[t, i]
-            if unit:
-                for j in range(k):
-                    coef = delta[j] * pre[j] * xc[j] * sc[j] * sc[j]
-                    for i in range(k):
-                        gw[i] -= coef * L[j, i]
+            g = _point(p, mu, nu, r, t, z, a, b, lz, y, lam, out, xc, sc, code, deg, pre,
+                       delta)
+            _span_w(g, t, z, L, unit, xc, sc, pre, delta, gw)
             ge = g * a[t]
             sdot = mu[r] * ge + nu * g * b[t]
             x = ge * u_perp

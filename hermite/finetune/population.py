@@ -547,9 +547,22 @@ class SecondMoment:
     def _overlap_block(self, p, mu, ch):
         """(R, 2) means of x and x², x = ⟨G_T, u⟩ per point (numpy reference of
         :func:`hermite.finetune._second_moment_numba.overlap_moments_block`)."""
+        m = self.model
+        nu, g, delta, pre, xc, scale = self._sample_terms(p, mu, ch)
+        gw = self._span_w_gradient(g, delta, pre, xc, scale)
+        ge = g * self.a
+        sdot = np.einsum("rnk,rk->rn", gw, p) + mu[:, None] * ge + nu[:, None] * g * self.b
+        mm = p @ m.u_w + mu * m.u_perp
+        x = gw @ m.u_w + ge * m.u_perp - sdot * mm[:, None]
+        return np.stack([x.mean(axis=1), (x * x).mean(axis=1)], axis=1)
+
+    def _sample_terms(self, p, mu, ch):
+        """The sample gradient at the QMC points for a block of runs: ν (R,), its scalar g
+        along x (R, N), the per-neuron δ and pre-activations (R, N, k), ξĉ and the rows'
+        normalisation (R, k) (shared by :meth:`_block` and :meth:`_overlap_block`)."""
         m, out = self.model, self.out
         nu = _nu(p, mu)
-        s = p @ self.z.T + mu[:, None] * self.a + nu[:, None] * self.b
+        s = p @ self.z.T + mu[:, None] * self.a + nu[:, None] * self.b  # (R, N) ⟨û, x⟩
         xc = m.xi * ch
         if m.unit:
             scale = 1.0 / np.sqrt(1.0 + 2.0 * xc * (p @ m.L.T) + xc * xc)
@@ -559,14 +572,15 @@ class SecondMoment:
         resid = self.y[None] - out * (self.fn(pre) @ m.lam)
         delta = ((-2.0 * out) * resid)[:, :, None] * m.lam * self.deriv(pre)
         g = np.einsum("rnk,rk->rn", delta, xc * scale)
+        return nu, g, delta, pre, xc, scale
+
+    def _span_w_gradient(self, g, delta, pre, xc, scale):
+        """(R, N, k) the gradient's part in span W (unprojected û)."""
+        m = self.model
         gw = g[:, :, None] * self.z[None]
         if m.unit:
             gw = gw - (delta * pre * (xc * scale * scale)[:, None, :]) @ m.L
-        ge = g * self.a
-        sdot = np.einsum("rnk,rk->rn", gw, p) + mu[:, None] * ge + nu[:, None] * g * self.b
-        mm = p @ m.u_w + mu * m.u_perp
-        x = gw @ m.u_w + ge * m.u_perp - sdot * mm[:, None]
-        return np.stack([x.mean(axis=1), (x * x).mean(axis=1)], axis=1)
+        return gw
 
     def _compiled(self, p, mu, ch):
         """:meth:`_block` by :func:`hermite.finetune._second_moment_numba.second_moment_block`."""
@@ -582,26 +596,14 @@ class SecondMoment:
     def _block(self, p, mu, ch):
         """E‖G_T‖² (b = 1) for a block of runs, (R, N, k) arrays (numpy: the reference of
         the compiled path, and σ without a numba code)."""
-        m, out, k = self.model, self.out, self.model.k
-        nu = _nu(p, mu)
-        s = p @ self.z.T + mu[:, None] * self.a + nu[:, None] * self.b  # (R, N) ⟨û, x⟩
-        xc = m.xi * ch
-        if m.unit:
-            scale = 1.0 / np.sqrt(1.0 + 2.0 * xc * (p @ m.L.T) + xc * xc)
-        else:
-            scale = np.full(ch.shape, math.sqrt(m.s2))
-        pre = (self.lz[None] + xc[:, None, :] * s[:, :, None]) * scale[:, None, :]
-        resid = self.y[None] - out * (self.fn(pre) @ m.lam)
-        delta = ((-2.0 * out) * resid)[:, :, None] * m.lam * self.deriv(pre)
-        g = np.einsum("rnk,rk->rn", delta, xc * scale)
+        m, k = self.model, self.model.k
+        nu, g, delta, pre, xc, scale = self._sample_terms(p, mu, ch)
         ge, gb = g * self.a, g * self.b
         base = ge * ge + gb * gb + (self.d - k - 2) * g * g
         if m.project:
             sdot = mu[:, None] * ge + nu[:, None] * gb
             return np.mean(base - sdot * sdot, axis=1)
-        gw = g[:, :, None] * self.z[None]
-        if m.unit:
-            gw = gw - (delta * pre * (xc * scale * scale)[:, None, :]) @ m.L
+        gw = self._span_w_gradient(g, delta, pre, xc, scale)
         sdot = np.einsum("rnk,rk->rn", gw, p) + mu[:, None] * ge + nu[:, None] * gb
         return np.mean(np.sum(gw * gw, axis=2) + base - sdot * sdot, axis=1)
 
