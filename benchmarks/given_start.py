@@ -1,14 +1,7 @@
 """SGD from one given start against the committee ODE from that start, over d (issue 17).
 
-Every run starts from the same rows (``--init-rows``, canonical frame of an orthonormal
-committee teacher, so coordinate i of a row is its overlap with vᵢ): the ODE is then one
-curve and the SGD mean of R runs should approach it as d grows, at fixed η·d and fixed α =
-steps/d. Setting: erf(x/√2), K = M = 2, free rows, λ = λ̂ = 1, η·d = 0.5 (nn2pp's lr 1),
-
-    ŵ₁ = (0.35, 0.25, 0.5, 0, …),   ŵ₂ = (0.25, 0.35, 0, 0.5, …)
-
-a start near the unspecialised plateau (both rows nearly equally aligned with both teacher
-rows) from which the ODE escapes, deterministically, through its initial asymmetry.
+The setting (one start of erf(x/√2), K = M = 2, free rows, η·d = 0.5, near the unspecialised
+plateau) and the measurement: :mod:`sims.experiments.given_start`.
 
 Prints, at each α, the ODE's loss and per d the SGD mean ± standard error, then per d the
 RMS over runs and α of SGD − ODE (the per-run fluctuation, ∝ d^{-1/2} expected) and the

@@ -686,8 +686,8 @@ def finetune_ode(instance, regime: FinetuneRegime | float, steps,
 
     Parameters
     ----------
-    instance : a fine-tuning :class:`dynamics.instances.instance.Instance` (any convention,
-    u_alpha).
+    instance : a fine-tuning :class:`dynamics.instances.instance.Instance` (any
+        convention, u_alpha).
     regime : the learner's :class:`~hermite.flows.regime.FinetuneRegime` (η, η_c, project,
         joint_c, prox; d, batch, label_noise for the corrected drift), or the step size η
         with the regime's other fields as keywords.
@@ -709,8 +709,11 @@ def finetune_ode(instance, regime: FinetuneRegime | float, steps,
         ``m`` is then signed by the run's corrected path, |m| the line, and p, μ, ĉ the
         mixture's mean states.
 
-    A flow that leaves the finite numbers, a solver failure or a stiff stretch the corrected
-    flow cannot cross (``FLOW_MAX_STEPS``) is an ArithmeticError.
+    Raises
+    ------
+    ArithmeticError
+        A flow that leaves the finite numbers, a solver failure or a stiff stretch the
+        corrected flow cannot cross (``FLOW_MAX_STEPS``).
     """
     from hermite.flows.ode import check_steps
 
