@@ -88,6 +88,11 @@ _WHERE = {
     "RankConstants": "flows.rank",
     "singular_values": "flows.rank",
     "signed_smallest": "flows.rank",
+    "escape_coefficients": "flows.pretrained",
+    "escape_rate": "flows.pretrained",
+    "escape_time": "flows.pretrained",
+    "pretrained_flow": "flows.pretrained",
+    "pretrained_loss": "flows.pretrained",
 }
 
 __all__ = list(_WHERE)

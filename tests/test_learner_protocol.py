@@ -75,6 +75,7 @@ ACTIVATIONS = {  # item 1's activations per learner
     "sparse": ("relu", "tanh", "he3", "erf"),
     "glm": ("he3", "relu", "tanh", "sigmoid"),
     "moment": ("relu",),
+    "pretrained-glm": ("relu", "tanh", "he3"),
 }
 SECOND_LAYER = ("c_hat", "lam_hat")  # fields stepped with η_c, when trained
 
@@ -187,6 +188,11 @@ def _variants() -> list[Variant]:
         vid = _name([f"moment-o{order}", "b4" if b == 4 else "", "noise" if sd else ""])
         out.append(Variant(vid, "moment", dict(moment_order=order, batch=b, label_noise=sd),
                            main=vid in ("moment-o1", "moment-o2-b4-noise")))
+    # pretrained-glm: b = 1 / 4 × label noise (its own base μ·u, ½·mean loss)
+    for b, sd in itertools.product((1, 4), (0.0, 0.3)):
+        vid = _name(["pretrained-glm", "b4" if b == 4 else "", "noise" if sd else ""])
+        out.append(Variant(vid, "pretrained-glm", dict(mu=0.5, batch=b, label_noise=sd),
+                           main=vid in ("pretrained-glm", "pretrained-glm-b4-noise")))
     return out
 
 
@@ -331,7 +337,7 @@ def _reference_step(geo: Geometry, name: str, point, tangent):
         return sphere.retr(point, -step)
     if name == "u_hat":
         return stiefel.retr(point, -step, geo.retraction)
-    if name == "rows" and not geo.free:
+    if name == "rows" and not geo.free or name == "v":  # v: plain SGD, then v/‖v‖
         return sphere.retr(point, -step)
     return point - step
 

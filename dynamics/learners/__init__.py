@@ -7,7 +7,7 @@ Modules: ``base`` (the protocol), ``registry`` (learners by name), ``options`` (
 learner's options), ``problem`` (instances as tensors), ``directions`` (initial û₀),
 ``given_rows`` (user-given rows); one file per learner: ``finetune``, ``glm`` (with
 ``glm_map``), ``linearized``, ``lora``, ``moment``, ``network`` (with its compiled
-``network_kernel``). Imports ``overlays`` and the rooms below it.
+``network_kernel``), ``pretrained_glm``. Imports ``overlays`` and the rooms below it.
 """
 
 from dynamics.learners.base import Learner, RunResult, TensorState, make_trajectory, mask_dead

@@ -39,13 +39,14 @@ class OptionSpec:
     nullable: bool
     help: str
     choices: tuple | None = None
-    check: str | None = None  # "positive" (> 0) or "nonnegative" (≥ 0)
+    check: str | None = None  # "positive" (> 0), "nonnegative" (≥ 0) or "unit" (in (0, 1))
     learners: tuple = ()
 
 
 def option(default, help: str, *, choices: tuple | None = None, check: str | None = None):
     """A field of an :class:`Options` dataclass: ``default``, one line of ``help``, and the
-    accepted values (``choices``, or ``check`` = ``positive`` / ``nonnegative``)."""
+    accepted values (``choices``, or ``check`` = ``positive`` / ``nonnegative`` / ``unit``:
+    in the open interval (0, 1))."""
     return field(default=default, metadata={"help": help, "choices": choices, "check": check})
 
 
@@ -80,13 +81,17 @@ def option_names(cls: type[Options]) -> tuple[str, ...]:
     return tuple(spec.name for spec in option_specs(cls))
 
 
+# ``check`` → (how a message states the bound, the test of a number)
+_BOUNDS = {"positive": (" > 0", lambda v: v > 0), "nonnegative": (" ≥ 0", lambda v: v >= 0),
+           "unit": (" in (0, 1)", lambda v: 0 < v < 1)}
+
+
 def _check_value(spec: OptionSpec, value) -> None:
     if value is None and spec.nullable:
         return
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    bound = {"positive": " > 0", "nonnegative": " ≥ 0"}.get(spec.check, "")
-    in_bound = number and not (spec.check == "positive" and value <= 0) \
-        and not (spec.check == "nonnegative" and value < 0)
+    bound, within = _BOUNDS.get(spec.check, ("", None))
+    in_bound = number and (within is None or within(value))
     if spec.choices is not None:
         ok = (number or isinstance(value, str)) and value in spec.choices
         problem = f"must be one of {', '.join(map(str, spec.choices))}"

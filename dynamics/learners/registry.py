@@ -18,6 +18,7 @@ LEARNERS = {
     "glm": ("glm", "GLM"),
     "moment": ("moment", "Moment"),
     "lora": ("lora", "LoRA"),
+    "pretrained-glm": ("pretrained_glm", "PretrainedGLM"),
 }
 
 

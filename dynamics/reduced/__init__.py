@@ -60,8 +60,8 @@ for activations without a compiled version).
 Modules: ``simulate`` (the public entry points), ``exact_chain`` (what a learner's chain
 offers), ``segments`` (runs advanced in segments), ``params`` (instances packed for the
 kernels); the chains ``rank_chain``/``rank_simulate`` (rank-r), ``glm_chain``, ``linear_chain``,
-``network_chain``/``network_simulate``; the backends ``torch_chain``, ``cuda_kernel`` and
-``network_cuda``. Imports ``setup``, ``learners`` and the rooms below them.
+``network_chain``/``network_simulate``, ``pretrained_chain``; the backends ``torch_chain``,
+``cuda_kernel`` and ``network_cuda``. Imports ``setup``, ``learners`` and the rooms below them.
 """
 
 from pathlib import Path as _Path

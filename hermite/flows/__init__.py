@@ -5,6 +5,7 @@
 - ``rank``: rank-r fine-tuning, the r×r overlap's matrix ODE;
 - ``linearized``: the linearized (NTK) learner's exact population theory;
 - ``regime``: the fine-tuning learner's regime, start and solver settings (frozen objects).
+- ``pretrained``: fine-tuning from a pre-trained base w₀ = μu: flow, escape time (issue 39).
 
 Imports ``expansion`` and the root.
 """

@@ -270,8 +270,9 @@ class RunRequest:
 @click.argument("spec")
 @click.option("--learner", default=None,
               help="Learner: finetune (rank-1 LoRA, eq. 4), lora (rank r), linearized "
-                   "(NTK), scratch, scratch-csq, sparse (S²FT), glm, moment [default: "
-                   "finetune; scratch for a committee teacher].",
+                   "(NTK), scratch, scratch-csq, sparse (S²FT), glm, moment, pretrained-glm "
+                   "(a pre-trained single-index base μ·u plus a·v) [default: finetune; "
+                   "scratch for a committee teacher].",
               metavar="|".join(LEARNERS))
 @learner_flags
 @click.option("--eta", type=float, default=None,

@@ -1,0 +1,265 @@
+"""Theory of fine-tuning from a pre-trained base w₀ = μu (hermite/flows/pretrained.py,
+docs/theory/pretraining-hurts.md): escape times against closed forms, b and c against Monte
+Carlo and the σ″ form, the Jacobian against finite differences of the flow, the drift against
+one exact SGD step in R^d, the He₃ trap, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.integrate
+import scipy.optimize
+import scipy.special as sp
+
+from hermite.activations import get_activation
+from hermite.flows.pretrained import (
+    PretrainedFlow,
+    _fast_moments,
+    _integrate,
+    _reference_moments,
+    escape_coefficients,
+    escape_rate,
+    escape_time,
+    pretrained_drift,
+    pretrained_flow,
+    pretrained_loss,
+)
+
+MUS = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+def _linear_tau(mu):
+    return 2.0 / (math.sqrt(1.0 + 4.0 * (1.0 - mu) ** 2) - 1.0)
+
+
+# σ″ of the smooth activations, for the Stein-free form of c
+def _erf2(x):
+    return -4.0 * x * np.exp(-x * x) / math.sqrt(math.pi)
+
+
+def _sigmoid2(x):
+    s = sp.expit(x)
+    return s * (1 - s) * (1 - 2 * s)
+
+
+def _tanh2(x):
+    t = np.tanh(x)
+    return -2.0 * t * (1 - t * t)
+
+
+def _he3_2(x):
+    return 6.0 * x / math.sqrt(6.0)  # h₃ = (x³ − 3x)/√6
+
+
+SECOND = {"erf": _erf2, "sigmoid": _sigmoid2, "tanh": _tanh2, "he3": _he3_2}
+
+
+# ---------------------------------------------------------------- escape times
+@pytest.mark.parametrize("mu", MUS)
+def test_escape_time_closed_forms(mu):
+    assert escape_time("linear", mu) == pytest.approx(_linear_tau(mu), rel=1e-8)
+    assert escape_time("relu", mu) == pytest.approx(2.0 * _linear_tau(mu), rel=1e-8)
+    b, c = escape_coefficients(get_activation("relu"), mu)
+    assert b == pytest.approx((mu - 1.0) / 2.0, abs=1e-12) and c == pytest.approx(0.5, abs=1e-12)
+
+
+def test_relu_escape_time_at_half_and_vectorised():
+    assert round(escape_time("relu", 0.5), 3) == 9.657
+    taus = escape_time("relu", np.array(MUS))
+    assert taus.shape == (5,)
+    np.testing.assert_allclose(taus, [2.0 * _linear_tau(m) for m in MUS], rtol=1e-8)
+    np.testing.assert_allclose(escape_rate("relu", np.array(MUS)), 1.0 / taus, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["erf", "sigmoid", "tanh", "he3"])
+def test_b_and_c_against_monte_carlo(name):
+    """b from its definition, c from the σ″ form E[σ′(μν)² + (σ(μν) − σ(ν))σ″(μν)]."""
+    act = get_activation(name)
+    rng = np.random.default_rng(39)
+    nu = rng.standard_normal(1_000_000)
+    for mu in (0.3, 0.7):
+        b, c = escape_coefficients(act, mu)
+        gap = act.fn(mu * nu) - act.fn(nu)
+        b_mc = gap * act.deriv(mu * nu) * nu
+        c_mc = act.deriv(mu * nu) ** 2 + gap * SECOND[name](mu * nu)
+        for exact, sample in ((b, b_mc), (c, c_mc)):
+            se = sample.std() / math.sqrt(sample.size)
+            assert abs(sample.mean() - exact) < 5 * se, (name, mu, exact, sample.mean(), se)
+
+
+def test_stein_form_of_c_equals_second_derivative_form():
+    act = get_activation("tanh")
+    for mu in MUS:
+        def integrand(x, mu=mu):
+            gap = np.tanh(mu * x) - np.tanh(x)
+            return (act.deriv(mu * x) ** 2 + gap * _tanh2(mu * x)) * np.exp(-x * x / 2)
+        c_direct = scipy.integrate.quad(integrand, -np.inf, np.inf, epsabs=1e-14,
+                                        epsrel=1e-13)[0] / math.sqrt(2 * math.pi)
+        assert escape_coefficients(act, mu)[1] == pytest.approx(c_direct, abs=1e-10)
+
+
+@pytest.mark.parametrize("name", ["relu", "erf", "he3"])
+def test_escape_rate_is_the_linearised_flow(name):
+    """Central differences of the flow's right-hand side at (0, 0): [[−c, −b], [−b, 0]] (tiny
+    h: at a kink the drift has an a·|a| term, so the central difference errs by O(h))."""
+    mu, h = 0.45, 1e-8
+    cols = []
+    for e in ((h, 0.0), (0.0, h)):
+        plus = np.array(pretrained_drift(name, mu, e[0], e[1]))
+        minus = np.array(pretrained_drift(name, mu, -e[0], -e[1]))
+        cols.append((plus - minus) / (2 * h))
+    jac = np.column_stack(cols)
+    b, c = escape_coefficients(name, mu)
+    np.testing.assert_allclose(jac, [[-c, -b], [-b, 0.0]], atol=1e-7 * (abs(b) + abs(c)))
+    assert np.linalg.eigvals(jac).real.max() == \
+        pytest.approx(escape_rate(name, mu), rel=1e-6)
+
+
+# ---------------------------------------------------------------- the drift against SGD
+def _sgd_step_increments(act, mu, state, eta, d, n, rng):
+    """(a′ − a)/η and (m′ − m)/η of one exact online SGD step (B = 1) in R^d, n examples."""
+    a, m = state
+    v = np.zeros(d)
+    v[0], v[1] = m, math.sqrt(1 - m * m)  # u = e₁
+    da, dm = [], []
+    for _ in range(n // 50_000):
+        x = rng.standard_normal((50_000, d))
+        s = x @ v
+        lam = mu * x[:, 0] + a * s
+        delta = (act.fn(lam) - act.fn(x[:, 0])) * act.deriv(lam)
+        v_new = v[None, :] - eta * a * delta[:, None] * x
+        da.append(-delta * s)
+        dm.append((v_new[:, 0] / np.linalg.norm(v_new, axis=1) - m) / eta)
+    return np.concatenate(da), np.concatenate(dm)
+
+
+@pytest.mark.parametrize("name,state", [("relu", (0.8, 0.4)), ("erf", (-0.7, 0.6))])
+def test_drift_is_the_mean_sgd_step(name, state):
+    act = get_activation(name)
+    mu, eta, d = 0.4, 2e-3, 200
+    da, dm = _sgd_step_increments(act, mu, state, eta, d, 600_000, np.random.default_rng(7))
+    flow = pretrained_drift(act, mu, *state, eta=eta, d=d, batch=1)
+    bare = pretrained_drift(act, mu, *state)
+    for k, sample in enumerate((da, dm)):
+        se = sample.std() / math.sqrt(sample.size)
+        assert abs(sample.mean() - flow[k]) < 5 * se, (k, sample.mean(), flow[k], se)
+    # the renormalisation term is seen: leaving it out would fail
+    assert abs(bare[1] - flow[1]) > 8 * dm.std() / math.sqrt(dm.size)
+
+
+# ---------------------------------------------------------------- loss and flow
+def test_loss_closed_form_for_linear():
+    mu, a, m = 0.3, np.array([0.0, 0.5, -1.2]), np.array([0.2, 0.9, -0.4])
+    expected = 0.5 * ((mu + a * m - 1.0) ** 2 + a * a * (1 - m * m))
+    np.testing.assert_allclose(pretrained_loss("linear", mu, a, m), expected, rtol=1e-13)
+
+
+def test_relu_flow_descends_the_loss_to_the_teacher():
+    mu = 0.5
+    flow = pretrained_flow("relu", mu, 1e-3, [0.05, -0.05], np.linspace(0.0, 120.0, 13))
+    assert isinstance(flow, PretrainedFlow) and flow.a.shape == flow.m.shape == (2, 13)
+    for r in range(2):
+        loss = pretrained_loss("relu", mu, flow.a[r], flow.m[r])
+        assert np.all(np.diff(loss) <= 1e-12) and loss[-1] < 1e-6 < loss[0]
+    np.testing.assert_allclose(flow.a[:, -1] * flow.m[:, -1], 1.0 - mu, atol=1e-4)
+    np.testing.assert_allclose(flow.overlap[:, -1], 1.0, atol=1e-4)
+
+
+def test_flow_escapes_at_the_escape_rate():
+    mu = 0.5
+    tau = escape_time("erf", mu)
+    flow = pretrained_flow("erf", mu, np.array([1e-6]), [0.0], [0.0, 2 * tau, 5 * tau])
+    a = flow.a[0]
+    assert math.log(a[2] / a[1]) / (3 * tau) == pytest.approx(1.0 / tau, rel=1e-5)
+
+
+# ---------------------------------------------------------------- fast paths vs the reference
+GRID = [(mu, a, m) for mu in (0.1, 0.5, 0.9) for a in (0.0, 1e-6, -1e-6, 0.3, -0.7, 1.0, 2.0)
+        for m in (0.0, 0.6, -0.6, 0.999999, -1.0, 1.0)]
+
+
+@pytest.mark.parametrize("name", ["relu", "erf", "linear", "he3", "quadratic"])
+def test_fast_moments_match_the_adaptive_reference(name):
+    """Closed forms (ReLU, erf) and the vectorised exact rule (polynomials) against the adaptive
+    quadrature: loss and drift moments to 1e-9 (the reference's own error; ReLU's ≲ 1e-12)."""
+    act = get_activation(name)
+    fast = _fast_moments(act)
+    tol = 1e-12 if name == "relu" else 1e-9
+    for mu in (0.1, 0.5, 0.9):
+        a, m = np.array([(g[1], g[2]) for g in GRID if g[0] == mu]).T
+        ref = _reference_moments(act, mu, a, m)
+        np.testing.assert_allclose(fast(mu, a, m), ref, atol=tol, rtol=1e-13 if tol < 1e-9
+                                   else 1e-12)
+
+
+def test_erf_closed_form_against_one_dimensional_quadrature():
+    """At m = ±1 the moments are 1-D integrals in ν: E[δ²] = (4/π)E[(erf cν − erf ν)²e^{−2c²ν²}]
+    with c = μ ± a (where the closed form is exact and the 2-D reference is good to ~3e-10)."""
+    mu, a = 0.9, 2.0
+    for m in (1.0, -1.0):
+        c = mu + a * m
+
+        def integrand(x, c=c):
+            return ((sp.erf(c * x) - sp.erf(x)) ** 2 * np.exp(-2 * c * c * x * x - x * x / 2)
+                    * 4 / math.pi / math.sqrt(2 * math.pi))
+        exact = scipy.integrate.quad(integrand, -12.0, 12.0, points=[0.0], epsabs=1e-14,
+                                     epsrel=1e-12, limit=200)[0]
+        fast = _fast_moments(get_activation("erf"))(mu, np.array([a]), np.array([m]))
+        assert fast[2, 0] == pytest.approx(exact, abs=1e-13)
+
+
+@pytest.mark.parametrize("name", ["tanh", "sigmoid", "abs"])
+def test_other_activations_keep_the_adaptive_path(name):
+    act = get_activation(name)
+    assert _fast_moments(act) is None
+    loss = pretrained_loss(act, 0.4, np.array([0.3, -0.8]), np.array([0.5, 0.1]))
+    ref = _reference_moments(act, 0.4, np.array([0.3, -0.8]), np.array([0.5, 0.1]))[3] / 2
+    np.testing.assert_array_equal(loss, ref)
+
+
+@pytest.mark.parametrize("name", ["relu", "erf"])
+def test_fast_flow_matches_the_reference_flow(name):
+    """All 8 runs in one system with the closed-form drift vs run by run with the adaptive
+    drift (the old path); both carry the renormalisation term."""
+    act = get_activation(name)
+    mu, times = 0.5, np.linspace(0.0, 25.0, 26)
+    m0 = np.random.default_rng(3).uniform(-0.8, 0.8, 8)
+    flow = pretrained_flow(name, mu, 0.1, m0, times, eta=0.2, d=1000, batch=500)
+    assert np.abs(flow.a[:, -1]).max() > 0.3  # the runs move far from the start
+    a, m = _integrate(lambda mu, a, m: _reference_moments(act, mu, a, m), mu,
+                      np.stack([np.full(8, 0.1), m0]), times, 0.2 * 998 / 500, joint=False)
+    np.testing.assert_allclose(flow.a, a, atol=1e-7)
+    np.testing.assert_allclose(flow.m, m, atol=1e-7)
+
+
+# ---------------------------------------------------------------- the He₃ trap
+def test_he3_trap():
+    b = [escape_coefficients("he3", mu)[0] for mu in (0.2, 0.5)]
+    assert b[0] * b[1] < 0
+    root = scipy.optimize.brentq(lambda mu: escape_coefficients("he3", mu)[0], 0.2, 0.5,
+                                 xtol=1e-12)
+    assert round(root, 2) == 0.32
+    assert escape_time("he3", root) > 1e12 * escape_time("he3", 0.5)
+    taus = escape_time("he3", np.linspace(0.1, 0.9, 17))
+    steps = np.sign(np.diff(taus))
+    assert np.any(steps > 0) and np.any(steps < 0)  # not monotone
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("call,match", [
+    (lambda: escape_time("relu", 0.0), "mu must be in"),
+    (lambda: escape_time("relu", 1.0), "mu must be in"),
+    (lambda: escape_coefficients("relu", -0.2), "mu must be in"),
+    (lambda: pretrained_flow("relu", 1.5, 0.1, [0.0], [1.0]), "mu must be in"),
+    (lambda: pretrained_flow("relu", 0.5, np.nan, [0.0], [1.0]), "finite"),
+    (lambda: pretrained_flow("relu", 0.5, 0.1, [1.2], [1.0]), r"\|m\|"),
+    (lambda: pretrained_flow("relu", 0.5, 0.1, [0.0], [2.0, 1.0]), "times"),
+    (lambda: pretrained_drift("relu", 0.5, 0.1, 0.0, eta=0.1), "go together"),
+    (lambda: pretrained_loss("relu", 0.5, np.inf, 0.0), "finite"),
+])
+def test_bad_input_one_line_errors(call, match):
+    with pytest.raises(ValueError, match=match) as err:
+        call()
+    assert "\n" not in str(err.value)
