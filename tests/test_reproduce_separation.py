@@ -169,3 +169,21 @@ def test_help_lists_the_target():
     assert res.exit_code == 0
     assert f"separation  {target.RECIPE.summary}" in res.output
     assert res.output.index("all   every figure above") < res.output.index("separation  ")
+
+
+def test_show_reads_the_separation_file(made):
+    """``loradyn show`` on a separation file: its provenance and the summary lines the
+    command printed (slopes with CIs per learner); ``--json`` the series themselves."""
+    import json
+
+    out, first, _ = made
+    path = str(out / "separation_quick.h5")
+    text = CliRunner().invoke(cli, ["show", path])
+    assert text.exit_code == 0, text.output
+    assert "loradyn_version" in text.output and "slope of median T in d" in text.output
+    for name in SMALL.learners:
+        assert f"  {name} " in text.output
+    data = json.loads(CliRunner().invoke(cli, ["show", path, "--json"]).output)
+    assert set(data["series"]) == set(SMALL.learners)
+    assert all(len(s["d"]) == len(s["median_steps"]) == len(SMALL.d)
+               for s in data["series"].values())

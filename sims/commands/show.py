@@ -30,7 +30,8 @@ from dynamics.learners.options import all_options
 from sims.commands.run import summary_json
 from sims.io.resume import describe_resume, is_resume_file, resume_path
 from sims.io.sweep import SWEEP_FORMAT, file_format, read_sweep
-from sims.io.trajectory import read_trajectory
+from sims.io.trajectory import FORMAT as TRAJECTORY_FORMAT
+from sims.io.trajectory import open_hdf5, plain_attrs, read_trajectory
 
 __all__ = ["show", "describe", "describe_sweep", "describe_unfinished"]
 
@@ -178,6 +179,40 @@ def _show_sweep(file, as_json) -> None:
                    + _final(s, cell["network"]))
 
 
+def describe_separation(path) -> dict:
+    """Header and, per learner, d, censored median steps, fraction never arriving and the
+    power-law fit of a ``reproduce separation`` file."""
+    from sims.experiments.separation import read_separation
+
+    with open_hdf5(path) as f:
+        meta = plain_attrs(f)
+    result = read_separation(path)
+    series = {name: {"d": [int(x) for x in s.d], "median_steps": [float(x) for x in s.median],
+                     "never": [float(x) for x in s.never], "fit": s.fit}
+              for name, s in result.series.items()}
+    return {key: meta.get(key) for key in SWEEP_HEADER + ("runs", "seed", "complete")} | {
+        "settings": json.loads(meta.get("config") or "{}"), "series": series}
+
+
+def _separation_format() -> str:
+    from sims.experiments.separation import FORMAT
+
+    return FORMAT
+
+
+def _show_separation(file, as_json) -> None:
+    from sims.experiments.separation import read_separation, summary_lines
+
+    info = describe_separation(file)
+    if as_json:
+        click.echo(json.dumps(info, default=_plain))
+        return
+    for key in SWEEP_HEADER + ("runs", "seed", "complete"):
+        click.echo(f"{key:16s} {info[key]}")
+    for line in summary_lines(read_separation(file)):
+        click.echo(line)
+
+
 def describe_unfinished(path) -> dict:
     """What a resume file says of its unfinished run (:func:`sims.io.resume.describe_resume`)
     plus its progress as a fraction."""
@@ -219,8 +254,8 @@ def _show_unfinished(path, as_json) -> None:
 @click.argument("file")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
 def show(file, as_json):
-    """Describe FILE: a trajectory file (`loradyn run`) or a sweep file (`loradyn sweep`,
-    `scaling`, `reproduce`).
+    """Describe FILE: a trajectory file (`loradyn run`), a sweep file (`loradyn sweep`,
+    `scaling`, `reproduce`) or a separation file (`reproduce separation`).
 
     Also an unfinished run: its resume file OUT.resume, or OUT while only its resume file
     exists (steps reached of the total, runs, config, the command that continues it)."""
@@ -228,8 +263,12 @@ def show(file, as_json):
     if is_resume_file(file) or (not Path(file).exists() and saved.exists()):
         _show_unfinished(file if is_resume_file(file) else saved, as_json)
         return
-    if file_format(file) == SWEEP_FORMAT:
+    fmt = file_format(file)
+    if fmt == SWEEP_FORMAT:
         _show_sweep(file, as_json)
+        return
+    if fmt != TRAJECTORY_FORMAT and fmt == _separation_format():
+        _show_separation(file, as_json)
         return
     info = describe(file)
     unfinished = describe_unfinished(saved) if is_resume_file(saved) else None
