@@ -98,7 +98,8 @@ LEARNER = ("project", "joint_c", "eta_c", "prox")  # the regime's fields of the 
 
 def from_keywords(caller: str, regime, keywords: dict, start=False, solver=False,
                   accepted: tuple = LEARNER + ("d", "batch", "label_noise")):
-    """(regime[, start][, solver]) of ``caller`` from its objects or its old keywords:
+    """``regime`` (with ``start`` and ``solver`` where asked) of ``caller`` from its objects or its
+    old keywords:
     ``regime`` a :class:`FinetuneRegime`, or the step size η with the regime's fields in
     ``accepted`` as keywords; ``start`` a :class:`FinetuneStart` or None (then from m0, mu0,
     p0, c_hat0; None if none of them) and ``solver`` a :class:`SolverSettings` or None (then
