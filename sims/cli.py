@@ -27,8 +27,9 @@ COMMANDS = {  # name → (module, attribute, one-line help)
     "scaling": ("sims.commands.scaling", "scaling",
                 "Measure hitting times over the d grid of SPEC and fit T ∝ d^b."),
     "show": ("sims.commands.show", "show",
-             "Describe FILE: a trajectory file (`loradyn run`) or a sweep file (`loradyn "
-             "sweep`, `scaling`, `reproduce`)."),
+             "Describe FILE: a trajectory file (`loradyn run`), a sweep file (`loradyn "
+             "sweep`, `scaling`, `reproduce`) or a separation file (`reproduce "
+             "separation`)."),
     "sweep": ("sims.commands.sweep", "sweep",
               "Run (or resume) the sweep described by SPEC (TOML; see docs/sweeps.md)."),
 }
