@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ExactChain", "convention_supported"]
+__all__ = ["ExactChain", "convention_supported", "passage_steps"]
 
 
 def convention_supported(config, chain) -> tuple[bool, str]:
@@ -22,6 +22,15 @@ def convention_supported(config, chain) -> tuple[bool, str]:
                        f"{', '.join(chain.conventions)} convention(s), not {convention!r}; "
                        "use --engine full")
     return True, ""
+
+
+def passage_steps(hit: np.ndarray, started: np.ndarray) -> np.ndarray:
+    """(R,) first-passage steps from a kernel's ``hit`` (−1: not by the horizon → NaN), 0
+    where the run's start (``started``) is already past the level."""
+    out = hit.astype(float)
+    out[hit < 0] = np.nan
+    out[started] = 0.0
+    return out
 
 
 class ExactChain:

@@ -49,7 +49,7 @@ from dynamics.learners.base import RunResult
 from dynamics.randomness.sampling import run_seed
 from dynamics.reduced import _kernel, _rng
 from dynamics.reduced._drive import drive, overlap_status
-from dynamics.reduced.exact_chain import ExactChain
+from dynamics.reduced.exact_chain import ExactChain, passage_steps
 from dynamics.reduced.segments import ChainRun, run_to_end
 from dynamics.runtime.run_threads import over_runs
 from dynamics.runtime.trajectory import Trajectory, checkpoint_steps
@@ -238,10 +238,7 @@ def first_passage_glm(config: RunConfig, level: float, max_steps: int | None = N
     n = int(config.steps if max_steps is None else max_steps)
     _, _, hit = _advance(config, instances, act, states, m, nu, np.zeros(0, np.int64), n,
                          float(level), absolute)
-    out = hit.astype(float)
-    out[hit < 0] = np.nan
-    out[(np.abs(m0) if absolute else m0) >= level] = 0.0
-    return out
+    return passage_steps(hit, (np.abs(m0) if absolute else m0) >= level)
 
 
 class GLMChain(ExactChain):

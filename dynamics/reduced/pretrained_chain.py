@@ -46,7 +46,7 @@ from numba import njit
 from dynamics.randomness.sampling import run_seed
 from dynamics.reduced import _kernel, _rng
 from dynamics.reduced._drive import DIVERGED, drive, overlap_status
-from dynamics.reduced.exact_chain import ExactChain
+from dynamics.reduced.exact_chain import ExactChain, passage_steps
 from dynamics.reduced.segments import ChainRun, run_to_end
 from dynamics.runtime.run_threads import over_runs
 from dynamics.runtime.trajectory import RunResult, Trajectory, checkpoint_steps
@@ -319,10 +319,7 @@ def first_passage_pretrained(config, level: float, max_steps: int | None = None,
     empty = np.empty((config.runs, 0))
     _, hit = _advance(settings.hyper(n, float(level), absolute), state, np.zeros(0, np.int64),
                       {"a": empty, "m": empty})
-    out = hit.astype(float)
-    out[hit < 0] = np.nan
-    out[(np.abs(m0) if absolute else m0) >= level] = 0.0
-    return out
+    return passage_steps(hit, (np.abs(m0) if absolute else m0) >= level)
 
 
 class PretrainedChain(ExactChain):

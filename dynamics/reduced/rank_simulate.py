@@ -19,7 +19,7 @@ from dynamics.learners import Problem, RunResult
 from dynamics.learners.lora import LoRA
 from dynamics.randomness.sampling import run_seed
 from dynamics.reduced import rank_chain
-from dynamics.reduced.exact_chain import ExactChain
+from dynamics.reduced.exact_chain import ExactChain, passage_steps
 from dynamics.reduced.params import distinct, join_flat
 from dynamics.reduced.segments import ChainRun, run_to_end
 from dynamics.runtime.trajectory import Trajectory, checkpoint_steps
@@ -206,7 +206,4 @@ def first_passage_rank(config, level: float, max_steps: int | None = None) -> np
     n = int(config.steps if max_steps is None else max_steps)
     _, _, _, hit = _advance(config, linst, arrays, states, m, b, np.zeros(0, np.int64), n,
                             float(level))
-    out = hit.astype(float)
-    out[hit < 0] = np.nan
-    out[start] = 0.0
-    return out
+    return passage_steps(hit, start)
