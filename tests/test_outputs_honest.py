@@ -524,3 +524,23 @@ def test_a_power_law_fit_with_one_value_of_d_says_it_needs_two():
         fit_power_law([100, 100], [np.array([10.0]), np.array([12.0])])
     with pytest.raises(ValueError, match=r"at d = 1000 half or more"):
         fit_power_law([100, 1000], [np.array([10.0]), np.array([np.nan])])
+
+
+def test_the_summary_median_counts_runs_that_never_arrive():
+    """A run that never reaches 0.5 is later than every run that does: with 1 of 4 arriving
+    (at step 20) the median is not 20 but 'not reached' (NaN), and the fraction says 25 %."""
+    from dynamics.runtime.trajectory import Trajectory
+
+    steps = np.array([0, 10, 20])
+    overlap = np.array([[0.1, 0.3, 0.6], [0.1, 0.2, 0.3], [0.1, 0.2, 0.4], [0.1, 0.1, 0.2]])
+    nan = np.full_like(overlap, np.nan)
+
+    def summary(rows):
+        traj = Trajectory(steps, overlap[rows], nan[rows], nan[rows],
+                          np.full(len(rows), -1), np.ones(len(rows)), np.zeros(len(rows)))
+        return traj.summary()
+
+    s = summary([0, 1, 2, 3])
+    assert np.isnan(s["median_steps_to_0.5"]) and s["fraction_reached_0.5"] == 0.25
+    s = summary([0, 0, 1])  # 2 of 3 arrive at step 20: the median is theirs
+    assert s["median_steps_to_0.5"] == 20 and s["fraction_reached_0.5"] == 2 / 3

@@ -15,6 +15,11 @@ convention, teacher``, and the rank-r keys ``C, spectrum, C_hat``
 (``dynamics.instances.lora_instance``; only the ``lora`` learner reads them, and they are kept in
 the resolved spec).
 
+A spec file may also carry a ``[run]`` table (key ``run``): the run options of ``loradyn run``
+(learner, η, steps, batch, learner options such as ``mu``; ``sims.commands.run``).
+:func:`read_spec_file` returns it apart; :func:`load_spec` drops it, so every command that
+reads an instance accepts such a file.
+
 ``convention`` (default ``unit``, the model above) may name the paper's App. B simulation
 convention instead: f(x) = (1/ξ) Σᵢ λᵢ σ(⟨vᵢ, x⟩) with the fixed row scale
 vᵢ = s (wᵢ + ξcᵢu), s = k/(k + ξ²) (``appB``, as printed) or s = √(k/(k + ξ²)) (``appB-sqrt``,
@@ -52,6 +57,8 @@ __all__ = [
     "SpecError",
     "build_instance",
     "load_spec",
+    "read_spec_file",
+    "RUN_TABLE",
     "load_instance",
     "SPEC_KEYS",
     "W_GENERATORS",
@@ -75,6 +82,7 @@ LAM_GENERATORS = ("ones", "uniform", "random_sign")
 C_GENERATORS = ("quantized", "gaussian")
 C_HAT_GENERATORS = C_GENERATORS + ("teacher",)
 UNIT_NORM_TOL = 1e-8
+RUN_TABLE = "run"  # a spec file's table of run options (module docstring)
 
 
 class SpecError(ValueError):
@@ -219,9 +227,15 @@ class Instance:
 
 # ---------------------------------------------------------------- spec parsing
 def load_spec(path) -> dict:
-    """Read a JSON or TOML instance spec (by extension; JSON is tried first otherwise).
-    A path that cannot be read is a :class:`SpecError` (key ``file``) whose one line names
-    it: ``instance spec nope.toml: no such file``."""
+    """The instance keys of a spec file (:func:`read_spec_file` without its ``[run]`` table)."""
+    return read_spec_file(path)[0]
+
+
+def read_spec_file(path) -> tuple[dict, dict]:
+    """Read a JSON or TOML instance spec (by extension; JSON is tried first otherwise) →
+    (instance keys, its ``[run]`` table or {}). A path that cannot be read is a
+    :class:`SpecError` (key ``file``) whose one line names it: ``instance spec nope.toml: no
+    such file``; a ``run`` that is not a table is one line too."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -249,7 +263,10 @@ def load_spec(path) -> dict:
         raise SpecError("file", f"{path} is not valid JSON/TOML ({exc})") from None
     if not isinstance(spec, dict):
         raise SpecError("file", f"{path} must hold a table/object of keys")
-    return spec
+    run = spec.pop(RUN_TABLE, {})
+    if not isinstance(run, dict):
+        raise SpecError(RUN_TABLE, f"{path}: must be a table of run options ([run])")
+    return spec, run
 
 
 def load_instance(path, **overrides) -> Instance:

@@ -7,6 +7,8 @@ the former (divergence masking, shared run metadata), used by every learner and 
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,17 +94,20 @@ class Trajectory:
         return out
 
     def summary(self) -> dict:
-        """Median final overlap, fraction of runs past 0.9, median steps to 0.5."""
+        """Median final overlap, fraction of runs past 0.9, median steps to 0.5 over every
+        run that did not diverge, a run that never reached 0.5 counting as later than all
+        (NaN where half or more never did), and the fraction that reached it."""
         ok = ~self.diverged
         final = self.overlap[ok, -1]
-        t05 = self.first_passage(0.5)[ok]
+        t05 = np.nan_to_num(self.first_passage(0.5)[ok], nan=np.inf)
+        median = float(np.median(t05)) if t05.size else float("inf")
         return {
             "runs": int(self.runs),
             "diverged": int((~ok).sum()),
             "median_final_overlap": float(np.median(final)) if final.size else float("nan"),
             "fraction_past_0.9": float(np.mean(final >= 0.9)) if final.size else 0.0,
-            "median_steps_to_0.5": float(np.nanmedian(t05)) if np.isfinite(t05).any()
-            else float("nan"),
+            "median_steps_to_0.5": median if math.isfinite(median) else float("nan"),
+            "fraction_reached_0.5": float(np.mean(np.isfinite(t05))) if t05.size else 0.0,
         }
 
 

@@ -58,14 +58,17 @@ def _flag(spec: OptionSpec):
                         show_default=spec.default is not None)
 
 
-def given_options(ctx: click.Context, params: dict, learner: str) -> dict:
+def given_options(ctx: click.Context, params: dict, learner: str,
+                  table: dict | None = None) -> dict:
     """The learner options among ``params`` set on the command line (or by the environment),
-    not left at their defaults; each must be one ``learner`` takes, whatever its value."""
+    not left at their defaults, over those of ``table`` (a spec's ``[run]`` table); each must
+    be one ``learner`` takes, whatever its value."""
     from dynamics.learners.options import option_specs, options_of
     from dynamics.setup.config import LEARNERS, ForeignOptionError
 
-    given = {name: value for name, value in params.items() if name in all_options()
-             and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)}
+    given = dict(table or {}) | {
+        name: value for name, value in params.items() if name in all_options()
+        and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)}
     if given and learner in LEARNERS:  # an unknown learner: the config names it
         own = tuple(spec.name for spec in option_specs(options_of(learner)))
         foreign = [name for name in given if name not in own]

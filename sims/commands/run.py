@@ -1,8 +1,15 @@
 """``loradyn run SPEC``: simulate R runs of online SGD and write one HDF5 trajectory file.
 
-``--set KEY=VALUE`` (repeatable) overrides one instance-spec key of SPEC before anything is
-built (:func:`parse_overrides`: the value is read as a TOML/JSON scalar or array, a bare
-word as a string; an unknown key or a malformed pair is a one-line error naming it).
+SPEC may carry a ``[run]`` table of run options (:data:`RUN_KEYS`: ``learner``, ``eta``,
+``steps``, ``runs``, ``batch``, … and every learner option such as ``mu``): they are the
+defaults of this file's runs; a flag typed on the command line wins over them.
+
+``--set KEY=VALUE`` (repeatable) overrides one key of SPEC before anything is built
+(:func:`parse_overrides`: the value is read as a TOML/JSON scalar or array, a bare word as a
+string; an unknown key or a malformed pair is a one-line error naming it): an instance key
+(``--set d=4000``), else a run key of the ``[run]`` table (``--set mu=0.7``); ``run.KEY``
+names a run key explicitly (``--set run.seed=3``: ``seed`` alone is the instance's). A run
+key given both by ``--set`` and by its flag is refused (one line).
 
 Interruption (issue 26; :func:`dynamics.engines.engine.interruptible`): the first SIGINT (Ctrl-C) or
 SIGTERM stops the full engine at its next chunk end, the reduced engine at its next segment
@@ -36,14 +43,22 @@ import json
 import math
 import tomllib
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import click
 import numpy as np
+from click.core import ParameterSource
 
 from dynamics.engines.choice import engine_reason
 from dynamics.engines.engine import interruptible, simulate
-from dynamics.instances.instance import SPEC_KEYS, SpecError, build_instance, load_spec
+from dynamics.instances.instance import (
+    RUN_TABLE,
+    SPEC_KEYS,
+    SpecError,
+    build_instance,
+    load_spec,
+    read_spec_file,
+)
 from dynamics.learners import get_learner
 from dynamics.learners.options import all_options
 from dynamics.learners.registry import default_learner
@@ -67,13 +82,14 @@ from sims.commands.checks import (
     preflight,
     warn,
 )
-from sims.commands.learner_flags import given_options, learner_flags
+from sims.commands.learner_flags import flag_name, given_options, learner_flags
 from sims.io.resume import fingerprint, load_resume, read_resume, resume_path, write_resume
 from sims.io.summary import quantity_summaries
 from sims.io.trajectory import write_trajectory
 from sims.plots.quick import instance_title, plot_run
 
-__all__ = ["run", "RunRequest", "run_config", "summary_json", "parse_overrides", "apply_overrides"]
+__all__ = ["run", "RunRequest", "run_config", "summary_json", "parse_overrides",
+           "apply_overrides", "RUN_KEYS", "run_keys", "check_run_table"]
 
 _QUOTED = ('"', "'", "[", "{")  # a value starting so must parse as TOML/JSON
 
@@ -94,22 +110,53 @@ def _parse_value(key: str, text: str):
     return text.strip()
 
 
-def parse_overrides(pairs) -> dict:
-    """``("KEY=VALUE", …)`` → {key: value}; a malformed pair (ValueError) or an unknown key
-    (SpecError, as the spec parser words it, naming ``--set KEY``) is one line."""
-    out = {}
+#: the run options a spec's ``[run]`` table (and ``--set``) may give, besides the learner
+#: options: the learner and the RunConfig fields the command sets (RunRequest.config_fields)
+RUN_KEYS = ("learner", "eta", "steps", "runs", "seed", "batch", "label_noise", "checkpoints",
+            "spacing", "xi_values", "instance_seeds", "dtype", "device", "engine", "streams",
+            "finite_d_theory")
+_RUN_PREFIX = f"{RUN_TABLE}."
+
+
+def run_keys() -> tuple[str, ...]:
+    """Every key of a ``[run]`` table: :data:`RUN_KEYS`, then every learner option."""
+    return (*RUN_KEYS, *all_options())
+
+
+def parse_overrides(pairs) -> tuple[dict, dict]:
+    """``("KEY=VALUE", …)`` → ({instance key: value}, {run key: value}) (module docstring);
+    a malformed pair (ValueError) or an unknown key (SpecError, as the spec parser words it,
+    naming ``--set KEY``) is one line."""
+    instance, run = {}, {}
     for pair in pairs:
         key, eq, text = pair.partition("=")
         key = key.strip()
         if not eq or not key:
             raise ValueError(f"--set {pair!r}: expected KEY=VALUE (e.g. --set d=4000)")
-        if key not in SPEC_KEYS:
+        name = key.removeprefix(_RUN_PREFIX)
+        if key in SPEC_KEYS:
+            instance[key] = _parse_value(key, text)
+        elif name in run_keys():
+            run[name] = _parse_value(key, text)
+        else:
             err = SpecError(key, "")
             err.args = (f"instance spec: key '{key}' (--set {key}): unknown key; valid keys: "
-                        f"{', '.join(SPEC_KEYS)}",)
+                        f"{', '.join(SPEC_KEYS)}; run keys ([run], or run.KEY): "
+                        f"{', '.join(run_keys())}",)
             raise err
-        out[key] = _parse_value(key, text)
-    return out
+    return instance, run
+
+
+def check_run_table(table: dict, path) -> dict:
+    """The ``[run]`` table of spec ``path``, its keys checked (an unknown one is a one-line
+    SpecError naming it); the values are checked by the config they build."""
+    for key in table:
+        if key not in run_keys():
+            err = SpecError(key, "")
+            err.args = (f"instance spec {path}: [run] key '{key}': unknown key; valid keys: "
+                        f"{', '.join(run_keys())}",)
+            raise err
+    return table
 
 
 def apply_overrides(spec: dict, overrides: dict) -> dict:
@@ -204,7 +251,9 @@ def _summary_line(traj, notes) -> str:
              f"median {what} at step {int(traj.steps[-1])}: {s['median_final_overlap']:.4f}"
              + (f", median loss {np.nanmedian(traj.loss[:, -1]):.4g}" if network else ""),
              f"past 0.9: {100 * s['fraction_past_0.9']:.0f}%",
-             "median steps to 0.5: " + (f"{t05:.0f}" if math.isfinite(t05) else "not reached")]
+             "median steps to 0.5: " + (f"{t05:.0f}" if math.isfinite(t05) else "not reached")
+             + (f" ({100 * s['fraction_reached_0.5']:.0f}% reached it)"
+                if s["fraction_reached_0.5"] < 1 else "")]
     return "; ".join(notes + parts)
 
 
@@ -217,8 +266,10 @@ def _audit_lines(traj) -> list[str]:
 @dataclass(frozen=True)
 class RunRequest:
     """The options of one ``loradyn run``: its click parameters, the learner flags gathered
-    in ``learner_options`` (name → value, given or not). ``given``: the ``--set`` overrides,
-    parsed (:func:`parse_overrides`) when the request is made."""
+    in ``learner_options`` (name → value, given or not). ``given``/``given_run``: the
+    ``--set`` overrides of instance and run keys, parsed (:func:`parse_overrides`) when the
+    request is made; ``table_options``: learner options from the spec's ``[run]`` table and
+    ``--set`` (:meth:`with_run_table`)."""
 
     spec: str
     out: str
@@ -244,10 +295,31 @@ class RunRequest:
     as_json: bool
     resume: bool
     learner_options: dict
+    table_options: dict = field(default_factory=dict)
     given: dict = field(init=False, repr=False)
+    given_run: dict = field(init=False, repr=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "given", parse_overrides(self.overrides))
+        instance, run_ = parse_overrides(self.overrides)
+        object.__setattr__(self, "given", instance)
+        object.__setattr__(self, "given_run", run_)
+
+    def with_run_table(self, table: dict, ctx: click.Context) -> RunRequest:
+        """The request with the run keys of the spec's ``[run]`` table and of ``--set`` (over
+        the table) for what the command line left at its default; a key both ``--set`` and
+        typed as its flag is a one-line ValueError."""
+        typed = {key for key in (*RUN_KEYS, *all_options())
+                 if ctx.get_parameter_source(key) not in (None, ParameterSource.DEFAULT)}
+        both = sorted(typed & set(self.given_run))
+        if both:
+            raise ValueError(f"--set {both[0]}=… and {flag_name(both[0])} both given: "
+                             "keep one")
+        merged = {key: value for key, value in {**table, **self.given_run}.items()
+                  if key not in typed}
+        fields_ = {key: merged.pop(key) for key in RUN_KEYS if key in merged}
+        if "xi_values" in fields_:
+            fields_["xi_values"] = tuple(fields_["xi_values"])
+        return replace(self, **fields_, table_options=merged)
 
     @classmethod
     def from_params(cls, params: dict) -> RunRequest:
@@ -383,11 +455,15 @@ def _resume_state(path, resume: bool, force: bool, config_text: str, fp: dict, e
 def _run(request: RunRequest) -> None:
     """The body of ``loradyn run`` once its outputs are claimed (locked)."""
     spec, given, out, plot = request.spec, request.given, request.out, request.plot
-    spec_dict = apply_overrides(load_spec(spec), given)  # read once
+    spec_dict, table = read_spec_file(spec)  # read once
+    spec_dict = apply_overrides(spec_dict, given)
+    ctx = click.get_current_context()
+    request = request.with_run_table(check_run_table(table, spec), ctx)
     learner = request.learner or spec_learner(spec_dict)
     try:
         base = build_instance(spec_dict)  # the spec's instance, built once
-        options = given_options(click.get_current_context(), request.learner_options, learner)
+        options = given_options(ctx, request.learner_options, learner,
+                                table=request.table_options)
         config, notes = run_config(spec, spec=spec_dict, base=base, learner=learner,
                                    **request.config_fields(), **options)
         resolved = preflight(config, instance=base)  # validated there, before any compute
