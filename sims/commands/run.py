@@ -376,8 +376,9 @@ class RunRequest:
                    "auto: per_run on CPU, shared on CUDA; counter (CPU): a counter-based "
                    "ziggurat per run, same law, other numbers, ~6x cheaper per number.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override an instance-spec key of SPEC (repeatable): --set d=4000 --set "
-                   "activation=tanh --set lam=[1,2,3]; values are TOML/JSON scalars or arrays.")
+              help="Override a key of SPEC (repeatable): an instance key (--set d=4000 --set "
+                   "activation=tanh --set lam=[1,2,3]) or a run key of its [run] table "
+                   "(--set mu=0.7, --set run.seed=3); values are TOML/JSON scalars or arrays.")
 @click.option("--out", required=True,
               help="Output HDF5 file (written atomically; on SIGINT/SIGTERM the checkpoints "
                    "reached, marked interrupted).")
