@@ -83,19 +83,6 @@ def _horner(a, m):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _horner_derivative(a, m):  # pragma: no cover - compiled
-    out = np.empty(m.size)
-    n = a.size
-    for t in range(m.size):
-        x = m[t]
-        acc = 0.0
-        for d in range(n - 1, 0, -1):
-            acc = acc * x + d * a[d]
-        out[t] = acc
-    return out
-
-
-@numba.njit(cache=True)
 def _direct(p_flat, q_flat, llq_flat, b, m):  # pragma: no cover - compiled
     # Horner in ρ for all pairs at once (inner loop over pairs vectorises), per m.
     out = np.empty(m.size)
@@ -170,4 +157,5 @@ class HSeries:
         """d/dm of the truncated series."""
         m = np.asarray(m, dtype=np.float64)
         flat = np.ascontiguousarray(m.ravel())
-        return _horner_derivative(self.coefficients, flat).reshape(m.shape)
+        a = self.coefficients  # Σ d·a_d m^{d−1}: Horner on the coefficients d·a_d
+        return _horner(np.arange(1, a.size) * a[1:], flat).reshape(m.shape)

@@ -98,6 +98,16 @@ def _rate(tab, n, uperp, eta, x):  # pragma: no cover - compiled
     return eta * table_eval(tab, n, uperp, x) * (uperp * uperp - x * x)
 
 
+@numba.njit(cache=True, inline="always")
+def _rk4(tab, n, uperp, eta, x, h):  # pragma: no cover - compiled
+    """One RK4 step of length h of the flow dm/dt = _rate(m)."""
+    k1 = _rate(tab, n, uperp, eta, x)
+    k2 = _rate(tab, n, uperp, eta, x + 0.5 * h * k1)
+    k3 = _rate(tab, n, uperp, eta, x + 0.5 * h * k2)
+    k4 = _rate(tab, n, uperp, eta, x + h * k3)
+    return x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0
+
+
 @numba.njit(cache=True, parallel=True)
 def _iterate_table(m0, eta, uperp, tab, n, ckpts, K, bound):  # pragma: no cover - compiled
     """(m at ckpts (R, C), blow-up step (R,) or −1); see the module doc (blocks, fixed points,
@@ -125,11 +135,7 @@ def _iterate_table(m0, eta, uperp, tab, n, ckpts, K, bound):  # pragma: no cover
                     x = m[r]
                     if x != x:  # blown up earlier
                         continue
-                    k1 = _rate(tab, n, uperp, eta, x)
-                    k2 = _rate(tab, n, uperp, eta, x + 0.5 * h * k1)
-                    k3 = _rate(tab, n, uperp, eta, x + 0.5 * h * k2)
-                    k4 = _rate(tab, n, uperp, eta, x + h * k3)
-                    new = x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0
+                    new = _rk4(tab, n, uperp, eta, x, h)
                     if not abs(new) <= bound:
                         new = np.nan
                         blow[r0 + r] = t + K
@@ -367,11 +373,7 @@ def _first_crossing(m, eta, uperp, tab, n, target, s, max_steps, K, bound):  # p
         if s * m >= s * target:
             return t
         if K > 1 and t + K <= max_steps:
-            k1 = _rate(tab, n, uperp, eta, m)
-            k2 = _rate(tab, n, uperp, eta, m + 0.5 * hk * k1)
-            k3 = _rate(tab, n, uperp, eta, m + 0.5 * hk * k2)
-            k4 = _rate(tab, n, uperp, eta, m + hk * k3)
-            new = m + hk * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0
+            new = _rk4(tab, n, uperp, eta, m, hk)
             if not abs(new) <= bound:
                 return -1
             if s * new < s * target:
