@@ -76,6 +76,7 @@ ACTIVATIONS = {  # item 1's activations per learner
     "glm": ("he3", "relu", "tanh", "sigmoid"),
     "moment": ("relu",),
     "pretrained-glm": ("relu", "tanh", "he3"),
+    "lora-ba": ("relu", "tanh", "he3"),
 }
 SECOND_LAYER = ("c_hat", "lam_hat")  # fields stepped with η_c, when trained
 
@@ -193,6 +194,14 @@ def _variants() -> list[Variant]:
         vid = _name(["pretrained-glm", "b4" if b == 4 else "", "noise" if sd else ""])
         out.append(Variant(vid, "pretrained-glm", dict(mu=0.5, batch=b, label_noise=sd),
                            main=vid in ("pretrained-glm", "pretrained-glm-b4-noise")))
+    # lora-ba: rank 1 / 3 × b = 1 / 4, B gaussian, α, kaiming A, label noise (η_B = η_A and A
+    # trained: the reference step; A frozen and LoRA+ in tests/test_lora_ba.py)
+    out += [Variant("lora-ba", "lora-ba", dict(rank=1), main=True),
+            Variant("lora-ba-r3-b4", "lora-ba", dict(rank=3, batch=4)),
+            Variant("lora-ba-r3-gaussb-alpha", "lora-ba",
+                    dict(rank=3, init_b="gaussian", b_scale=0.1, alpha=6.0)),
+            Variant("lora-ba-r2-kaiming-b4-noise", "lora-ba",
+                    dict(rank=2, init_a="kaiming", batch=4, label_noise=0.3), main=True)]
     return out
 
 

@@ -19,6 +19,7 @@ LEARNERS = {
     "moment": ("moment", "Moment"),
     "lora": ("lora", "LoRA"),
     "pretrained-glm": ("pretrained_glm", "PretrainedGLM"),
+    "lora-ba": ("lora_ba", "LoRABA"),
 }
 
 

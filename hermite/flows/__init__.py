@@ -6,6 +6,7 @@
 - ``linearized``: the linearized (NTK) learner's exact population theory;
 - ``regime``: the fine-tuning learner's regime, start and solver settings (frozen objects).
 - ``pretrained``: fine-tuning from a pre-trained base w₀ = μu: flow, escape time (issue 39).
+- ``lora_ba``: LoRA as practised (W + s·B·A, plain SGD): the population flow of (B, A) (issue 39).
 
 Imports ``expansion`` and the root.
 """

@@ -343,7 +343,8 @@ class RunRequest:
 @click.option("--learner", default=None,
               help="Learner: finetune (rank-1 LoRA, eq. 4), lora (rank r), linearized "
                    "(NTK), scratch, scratch-csq, sparse (S²FT), glm, moment, pretrained-glm "
-                   "(a pre-trained single-index base μ·u plus a·v) [default: finetune; "
+                   "(a pre-trained single-index base μ·u plus a·v), lora-ba (LoRA's "
+                   "B·A adapter, plain SGD) [default: finetune; "
                    "scratch for a committee teacher].",
               metavar="|".join(LEARNERS))
 @learner_flags

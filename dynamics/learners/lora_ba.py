@@ -1,0 +1,334 @@
+"""The ``lora-ba`` learner: LoRA as practised, a B·A adapter trained by plain SGD (issue 39).
+
+Student first layer H = W + s·B·A, B ∈ R^{k×r}, A ∈ R^{r×d}, s = α/r; rows normalised as the
+teacher's (unit convention): v̂ⱼ = hⱼ/Nⱼ, Nⱼ = ‖hⱼ‖; second layer λ frozen; the paper's
+teacher f* = Σλⱼσ(⟨vⱼ, x⟩), vⱼ = (wⱼ + ξcⱼu)/‖·‖. Loss on one example L = (y − f̂(x))² (no 1/2,
+as ``finetune``; y = f* + label noise), averaged over the mini-batch. With aⱼ = ⟨hⱼ, x⟩/Nⱼ,
+δⱼ = ∂L/∂aⱼ = −2(y − f̂)λⱼσ′(aⱼ), gⱼ = δⱼ/Nⱼ and cⱼ = δⱼaⱼ/Nⱼ², the gradient with respect to
+the rows is ∂L/∂H = g xᵀ − diag(c) H (the normalisation's part), hence, in closed form,
+
+    ∂L/∂B = s (g (Ax)ᵀ − diag(c) H Aᵀ),   H Aᵀ = Pᵀ + s B Q,
+    ∂L/∂A = s ((Bᵀg) xᵀ − Bᵀdiag(c) W − s Bᵀdiag(c) B A),
+
+with P = A Wᵀ (r×k, A's coordinates in span W) and Q = A Aᵀ (r×r): a step costs Ax, Q and
+two O(r d) updates, never the k×d matrix H. One step (both gradients at the old state):
+A ← A − η mean_b ∂L/∂A (unless ``train_a`` is off), B ← B − lr_ratio·η mean_b ∂L/∂B (LoRA+).
+Start: A with i.i.d. entries N(0, 1/d) (``init_a = gaussian``) or U(−1/√d, 1/√d) (``kaiming``:
+PyTorch's ``nn.Linear`` kaiming_uniform(a=√5)), drawn in the canonical frame; B = 0
+(``init_b = zero``) or i.i.d. N(0, b_scale²); from the stream (seed, run, init).
+
+Observables: A in a reduced basis (:func:`dynamics.learners.linearized.reduce_rows`: span W ⊕ e,
+then a QR basis of the rest; inner products with W, u and the law of x preserved) and B, every
+checkpoint; from them ``overlap`` = |⟨v₁, u⟩|, v₁ the top right singular vector of BA
+(:func:`~dynamics.learners.linearized.top_overlap`; NaN while BA = 0), ``loss`` = the exact
+population loss of the rows (wⱼ + s(BA)ⱼ)/‖·‖ (``network_loss``, dual kernels, via
+``linearized.true_loss``), ``extra["update_overlap"]`` = ⟨BA, c uᵀ⟩_F/(‖BA‖_F‖c‖) (signed),
+``extra["b_norm"]`` = ‖B‖_F, ``extra["a_norm"]`` = ‖A‖_F, ``extra["delta_norm"]`` = ‖sBA‖_F.
+Theory (``ode``, ``extra["ode_loss"]``, ``extra["ode_update_overlap"]``): the population flow
+of (B, A's coordinates in span(W, u), A's Gram) in τ = η·steps, d → ∞ and first order in η,
+from each run's recorded (B₀, A₀) (``hermite.flows.lora_ba``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dynamics.errors import ConfigError
+from dynamics.lazy import lazy_import
+from dynamics.learners.base import Learner, Memory, RunResult, TensorState, make_trajectory
+from dynamics.learners.linearized import reduce_rows, top_overlap, true_loss
+from dynamics.learners.options import Options, option
+from dynamics.learners.problem import Problem, rowmat
+from dynamics.measures.observables import group_runs
+from dynamics.randomness.sampling import run_seed
+
+torch = lazy_import("torch")  # loaded at its first use
+
+__all__ = ["LoRABA", "LoRABAOptions", "LoRABAState", "BAPrepared", "initial_factors",
+           "update_observables"]
+
+INITS_B = ("zero", "gaussian")
+INITS_A = ("gaussian", "kaiming")
+FLOW_NOTE = ("population flow of (B, A's coordinates in span(W, u), A's Gram), d → ∞, first "
+             "order in η (no SGD noise), from each run's own (B₀, A₀)")
+
+
+@dataclass(frozen=True)
+class LoRABAOptions(Options):
+    """Options of ``lora-ba``: rank, scale α, the factors' initialisation, frozen A, LoRA+."""
+
+    rank: int = option(1, "Rank r of the student's update s·B·A (lora-ba: of B ∈ R^{k×r}, "
+                          "A ∈ R^{r×d}; 1 ≤ r ≤ d).", check="positive")
+    alpha: float | None = option(None, "LoRA scale α of the update s·B·A, s = α/r "
+                                       "[default: r, i.e. s = 1].", check="positive")
+    init_b: str = option("zero", "Initial B: zero, or gaussian (entries N(0, b_scale²)).",
+                         choices=INITS_B)
+    b_scale: float = option(1e-3, "Standard deviation of B's entries with init_b = gaussian.",
+                            check="positive")
+    init_a: str = option("gaussian", "Initial A: gaussian (entries N(0, 1/d)) or kaiming "
+                                     "(U(−1/√d, 1/√d), nn.Linear's kaiming_uniform(a=√5)).",
+                         choices=INITS_A)
+    train_a: bool = option(True, "Train A (plain SGD, step η); --no-train-a: A frozen.")
+    lr_ratio: float = option(1.0, "Step-size ratio η_B/η_A (LoRA+): B moves with "
+                                  "lr_ratio·η.", check="positive")
+
+
+@dataclass
+class LoRABAState(TensorState):
+    """State of R runs of the lora-ba learner (run axis first), canonical frame."""
+
+    b: torch.Tensor  # (R, k, r) B
+    a: torch.Tensor  # (R, r, d) A
+    step: int = 0
+
+
+@dataclass
+class BAPrepared:
+    """State-independent terms of a chunk of examples x (R, n, b, d)."""
+
+    z: torch.Tensor  # (R, n, b, k) Wx
+    y: torch.Tensor  # (R, n, b) labels f*(x) (+ label noise)
+
+
+@dataclass
+class BATerms:
+    """Per-example terms of one step (module docstring), examples x (R, b, d)."""
+
+    ax: torch.Tensor  # (R, b, r) Ax
+    p: torch.Tensor  # (R, r, k) P = A Wᵀ
+    q: torch.Tensor  # (R, r, r) Q = A Aᵀ
+    norm: torch.Tensor  # (R, k) Nⱼ = ‖wⱼ + s(BA)ⱼ‖
+    resid: torch.Tensor  # (R, b) y − f̂
+    g: torch.Tensor  # (R, b, k) δⱼ/Nⱼ
+    c: torch.Tensor  # (R, b, k) δⱼaⱼ/Nⱼ²
+
+
+def initial_factors(config, runs: int, d: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B₀ (R, k, r), A₀ (R, r, d)) float64 from the stream (seed, run, init) of each run:
+    A's entries first (N(0, 1/d) or U(−1/√d, 1/√d)), then B's (N(0, b_scale²)) if gaussian."""
+    o = config.options
+    r = int(o.rank)
+    b0, a0 = np.zeros((runs, k, r)), np.empty((runs, r, d))
+    for i in range(runs):
+        gen = np.random.default_rng(run_seed(config.seed, i, "init"))
+        if o.init_a == "kaiming":
+            a0[i] = gen.uniform(-1.0, 1.0, (r, d)) / math.sqrt(d)
+        else:
+            a0[i] = gen.standard_normal((r, d)) / math.sqrt(d)
+        if o.init_b == "gaussian":
+            b0[i] = o.b_scale * gen.standard_normal((k, r))
+    return b0, a0
+
+
+class LoRABA(Learner):
+    """Learner ``lora-ba`` (see the module docstring for the formulas)."""
+
+    name = "lora-ba"
+    Options = LoRABAOptions
+    overlap_label = "|⟨v₁(BA), u⟩|"
+
+    @classmethod
+    def memory(cls, config, d: int, k: int) -> Memory:
+        """B (k×r) and A (r×d); records B and A's r × (k + 1 + r) reduced coordinates."""
+        r = int(config.options.rank)
+        return Memory(state=k * r + r * d, records=k * r + r * (k + 1 + r), prepared=2 * k + 4)
+
+    @classmethod
+    def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
+        """``rank r[, α a][, B gaussian][, A kaiming][, A frozen][, η_B/η_A q]``."""
+        r = config.get("rank", 1)
+        parts = [f"rank {r}"]
+        if config.get("alpha") is not None:
+            parts.append(f"α {config['alpha']:g}")
+        if config.get("init_b", "zero") != "zero":
+            parts.append(f"B {config['init_b']}")
+        if config.get("init_a", "gaussian") != "gaussian":
+            parts.append(f"A {config['init_a']}")
+        if not config.get("train_a", True):
+            parts.append("A frozen")
+        if config.get("lr_ratio", 1.0) != 1.0:
+            parts.append(f"η_B/η_A {config['lr_ratio']:g}")
+        return ", ".join(parts)
+
+    @classmethod
+    def check(cls, config, instance) -> None:
+        """The rank must not exceed d."""
+        r, d = config.options.rank, instance.d
+        if d is not None and r > d:
+            raise ConfigError("rank", f"must be ≤ d = {d} for lora-ba, got {r}")
+
+    def __init__(self, problem: Problem, *, eta: float, rank: int = 1, alpha: float | None = None,
+                 train_a: bool = True, lr_ratio: float = 1.0, label_noise: float = 0.0):
+        if lr_ratio <= 0:
+            raise ConfigError("lr_ratio", f"must be a finite number > 0, got {lr_ratio!r}")
+        self.problem, self.k, self.rank = problem, problem.k, rank
+        self.scale = (rank if alpha is None else alpha) / rank  # s = α/r
+        self.train_a, self.lr_ratio = train_a, lr_ratio
+        self.noise_sd = math.sqrt(label_noise)
+        self.eta_r = eta * torch.ones_like(problem.xi)
+        self.w_sq = (problem.l * problem.l).sum(-1).expand(problem.runs, self.k)  # ‖wⱼ‖²
+
+    @classmethod
+    def from_config(cls, config, problem: Problem) -> LoRABA:
+        o = config.options
+        return cls(problem, eta=config.eta, rank=o.rank, alpha=o.alpha, train_a=o.train_a,
+                   lr_ratio=o.lr_ratio, label_noise=config.label_noise)
+
+    def step_sizes(self) -> list[torch.Tensor]:
+        return [self.eta_r]
+
+    def initial_state(self, config, instances) -> tuple[LoRABAState, np.ndarray]:
+        """B₀, A₀ from :func:`initial_factors`; m₀ = the overlap of B₀A₀ (NaN when B₀ = 0)."""
+        p = self.problem
+        b0, a0 = initial_factors(config, p.runs, p.d, p.k)
+        state = self.init_state(b0, a0)
+        m0 = update_observables(instances, state.b.double().cpu().numpy()[:, None],
+                                reduce_rows(state.a, self.k)[:, None], self.scale)[0][:, 0]
+        return state, m0
+
+    def init_state(self, b0, a0) -> LoRABAState:
+        """State from B₀ (R, k, r) and A₀ (R, r, d) (numpy or tensors)."""
+        x = self.problem.xi
+
+        def t(v):
+            return torch.as_tensor(v, dtype=x.dtype, device=x.device).clone()
+
+        return LoRABAState(t(b0), t(a0), 0)
+
+    # ------------------------------------------------------------------ gradient pieces
+    def prepare(self, state: LoRABAState, x: torch.Tensor, eps: torch.Tensor | None = None,
+                sqnorm: torch.Tensor | None = None) -> BAPrepared:
+        """Wx and the labels of a chunk x (R, n, b, d), label normals eps (R, n, b)."""
+        p = self.problem
+        z = rowmat(x[..., : self.k], p.lt)
+        y = p.teacher(x, z)
+        if eps is not None and self.noise_sd > 0:
+            y = y.add_(eps, alpha=self.noise_sd)
+        return BAPrepared(z, y)
+
+    def terms(self, state: LoRABAState, x: torch.Tensor, pre: BAPrepared,
+              i: int = 0) -> BATerms:
+        """Per-example terms of step i of a prepared chunk (no in-place op on the state)."""
+        p, s, b, a = self.problem, self.scale, state.b, state.a
+        ax = torch.bmm(x, a.transpose(1, 2))  # (R, b, r)
+        pm = rowmat(a[..., : self.k], p.lt)  # P = A Wᵀ, (R, r, k)
+        q = torch.bmm(a, a.transpose(1, 2))
+        bp = (b * pm.transpose(1, 2)).sum(-1)  # ⟨wⱼ, (BA)ⱼ⟩
+        bqb = (torch.bmm(b, q) * b).sum(-1)  # ‖(BA)ⱼ‖²
+        norm = torch.sqrt(self.w_sq + 2.0 * s * bp + s * s * bqb)
+        hx = pre.z[:, i] + s * torch.bmm(ax, b.transpose(1, 2))  # ⟨hⱼ, x⟩
+        act = hx / norm[:, None]
+        lam = p.lam[:, None]
+        resid = pre.y[:, i] - (p.activation.fn(act) * lam).sum(-1)
+        delta = (-2.0 * resid)[..., None] * lam * p.activation.deriv(act)
+        g = delta / norm[:, None]
+        return BATerms(ax, pm, q, norm, resid, g, g * act / norm[:, None])
+
+    def _grad_b(self, state: LoRABAState, t: BATerms) -> torch.Tensor:
+        """Σ over the examples of ∂L/∂B, (R, k, r): s(Σ g (Ax)ᵀ − diag(Σc)(Pᵀ + sBQ))."""
+        s = self.scale
+        ha = t.p.transpose(1, 2) + s * torch.bmm(state.b, t.q)  # H Aᵀ
+        return s * (torch.bmm(t.g.transpose(1, 2), t.ax) - t.c.sum(1)[..., None] * ha)
+
+    def _grad_a(self, state: LoRABAState, x: torch.Tensor, t: BATerms) -> torch.Tensor:
+        """Σ over the examples of ∂L/∂A, (R, r, d): s(Σ(Bᵀg)xᵀ − Bᵀdiag(Σc)(W + sBA))."""
+        s, b = self.scale, state.b
+        bc = (b * t.c.sum(1)[..., None]).transpose(1, 2)  # Bᵀdiag(Σc), (R, r, k)
+        grad = torch.bmm(torch.bmm(t.g, b).transpose(1, 2), x)
+        grad = grad - s * torch.bmm(torch.bmm(bc, b), state.a)
+        head = grad[..., : self.k] - rowmat(bc, self.problem.l)  # Bᵀdiag(c) W: first k coords
+        return s * torch.cat([head, grad[..., self.k:]], -1)
+
+    def sample_gradients(self, state: LoRABAState, x: torch.Tensor,
+                         eps: torch.Tensor | None = None):
+        """Reference per-example gradients (tests): (∂L/∂B (R, b, k, r), ∂L/∂A (R, b, r, d),
+        L (R, b)), whether A is trained or not."""
+        pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
+        t = self.terms(state, x, pre)
+        gb, ga = [], []
+        for j in range(x.shape[1]):
+            tj = BATerms(t.ax[:, j: j + 1], t.p, t.q, t.norm, t.resid[:, j: j + 1],
+                         t.g[:, j: j + 1], t.c[:, j: j + 1])
+            gb.append(self._grad_b(state, tj))
+            ga.append(self._grad_a(state, x[:, j: j + 1], tj))
+        return torch.stack(gb, 1), torch.stack(ga, 1), t.resid * t.resid
+
+    def sample_loss(self, state: LoRABAState, x: torch.Tensor,
+                    eps: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example loss (y − f̂)² (R, b), differentiable in B and A (autograd tests)."""
+        pre = self.prepare(state, x[:, None], None if eps is None else eps[:, None])
+        resid = self.terms(state, x, pre).resid
+        return resid * resid
+
+    # ------------------------------------------------------------------ steps
+    def step_prepared_(self, state: LoRABAState, x: torch.Tensor, pre: BAPrepared,
+                       i: int) -> torch.Tensor:
+        """Step i of a prepared chunk, in place (module docstring); returns
+        (1 + mean r²)^{−1/2} (not finite ⇒ diverged)."""
+        t = self.terms(state, x, pre, i)
+        eta = self.eta_r[:, None, None] / x.shape[1]
+        grad_b = self._grad_b(state, t)
+        if self.train_a:
+            state.a.sub_(self._grad_a(state, x, t) * eta)
+        state.b.sub_(grad_b * (self.lr_ratio * eta))
+        state.step += 1
+        return torch.rsqrt(1.0 + (t.resid * t.resid).mean(1))
+
+    # ------------------------------------------------------------------ engine protocol
+    def observe(self, state: LoRABAState) -> dict:
+        """B (R, k, r) and A in the reduced basis (R, r, k + 1 + r′), r′ = min(r, d − k − 1)."""
+        return {"b": state.b.double().cpu().numpy().copy(), "a": reduce_rows(state.a, self.k)}
+
+    def trajectory(self, result: RunResult):
+        """Exact loss, overlap and the extras of the module docstring from the records; the
+        population flow from each run's own (B₀, A₀) beside them."""
+        rec, insts = result.records, result.instances
+        overlap, extra = update_observables(insts, rec["b"], rec["a"], self.scale)
+        delta = self.scale * rec["b"] @ rec["a"]  # (R, C, k, D)
+        ode, ode_extra = self.flow(result)
+        extra |= {"ode_loss": ode_extra["loss"], "ode_update_overlap": ode_extra["update_overlap"]}
+        attrs = {name: {"note": FLOW_NOTE} for name in ("ode", "ode_loss", "ode_update_overlap")}
+        return make_trajectory(result, overlap, true_loss(insts, delta), loss_kind="exact",
+                               extra=extra, theory={"ode": ode}, extra_attrs=attrs)
+
+    def flow(self, result: RunResult) -> tuple[np.ndarray, dict]:
+        """(overlap (R, C), {loss, update_overlap}) of the population flow
+        (``hermite.flows.lora_ba``) in τ = η·steps from each run's recorded (B₀, A₀)."""
+        from hermite.flows.lora_ba import lora_ba_flow
+
+        rec, insts = result.records, result.instances
+        runs, cps = len(insts), result.steps.size
+        b = np.full((runs, cps) + rec["b"].shape[2:], np.nan)
+        a = np.full((runs, cps) + rec["a"].shape[2:], np.nan)
+        loss = np.full((runs, cps), np.nan)
+        times = result.config.eta * result.steps.astype(float)
+        for inst, idx in group_runs(insts):
+            out = lora_ba_flow(inst, rec["b"][idx, 0], rec["a"][idx, 0], times,
+                               scale=self.scale, lr_ratio=self.lr_ratio, train_a=self.train_a)
+            b[idx], a[idx], loss[idx] = out.b, out.a, out.loss
+        overlap, extra = update_observables(insts, b, a, self.scale)
+        return overlap, {"loss": loss, "update_overlap": extra["update_overlap"]}
+
+
+def update_observables(instances, b: np.ndarray, a_red: np.ndarray,
+                       scale: float) -> tuple[np.ndarray, dict]:
+    """(overlap (R, C), extras) of B (R, C, k, r) and A (R, C, r, D) in a reduced basis
+    whose first k + 1 coordinates are the canonical ones: |⟨v₁(BA), u⟩|, update_overlap
+    ⟨BA, c uᵀ⟩_F/(‖BA‖_F‖c‖) (NaN where BA = 0), b_norm, a_norm, delta_norm = ‖sBA‖_F."""
+    k = instances[0].k
+    ba = b @ a_red
+    u = np.zeros((len(instances), 1, a_red.shape[-1]))
+    u[:, 0, :k] = np.stack([i.u_w for i in instances])
+    u[:, 0, k] = [i.u_perp for i in instances]
+    c = np.stack([i.c for i in instances])[:, None]  # (R, 1, k)
+    norm = np.linalg.norm(ba, axis=(-2, -1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        signed = np.einsum("rck,rckd,rcd->rc", np.broadcast_to(c, ba.shape[:3]), ba,
+                           np.broadcast_to(u, ba.shape[:2] + u.shape[-1:]))
+        update = np.where(norm > 0, signed / (norm * np.linalg.norm(c, axis=-1)), np.nan)
+    extra = {"update_overlap": update, "b_norm": np.linalg.norm(b, axis=(-2, -1)),
+             "a_norm": np.linalg.norm(a_red, axis=(-2, -1)), "delta_norm": abs(scale) * norm}
+    return top_overlap(ba, u), extra
