@@ -37,6 +37,25 @@ def test_step_increments_average_to_the_drift(act, xi):
     assert np.all(np.abs(inc.mean(axis=1) - ref) < 5.0 * se)
 
 
+@pytest.mark.parametrize("act", ["he3", "tanh", "relu"])
+@pytest.mark.parametrize("project,joint_c", [(False, True), (True, True), (False, False)])
+def test_compiled_step_noise_is_the_numpy_one(act, project, joint_c):
+    """StepNoise's compiled increments (step_increments_block) against its numpy reference on the
+    same points: 1e-10 relative (σ with a numba code)."""
+    inst = _instance(act, 3.0)
+    model = FinetuneModel(inst, 1e-3, project=project, joint_c=joint_c, eta_c=2e-3)
+    noise = StepNoise(model, 100, points=2**10)
+    assert noise.qmc.code is not None
+    rng = np.random.default_rng(3)
+    p = np.zeros((3, 4)) if project else 0.2 * rng.standard_normal((3, 4))
+    mu = np.array([0.3, -0.2, 0.05])
+    ch = inst.c_hat + 0.1 * rng.standard_normal((3, 4))
+    want = noise._block(p, mu, ch)
+    got = noise._compiled(p, mu, ch)
+    assert got.shape == want.shape == (3, model.dim, model.dim)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
+
+
 def test_flow_without_fluctuations_is_the_population_ode():
     """closure=False, renormalise=False: the mean of (F) is the plain ODE (its exponential
     Rosenbrock–Euler against BDF at rtol 1e-7)."""
@@ -93,3 +112,37 @@ def test_ensemble_follows_the_chain_where_the_ode_does_not():
     outside = np.abs(ode - chain) > tol
     assert outside.any()
     assert np.all(np.abs(line - chain)[outside] <= tol[outside]), (chain, ode, line, tol)
+
+
+def test_the_overlay_draws_the_line_where_xi_is_of_order_root_d(monkeypatch):
+    """dynamics.overlays.finetune.finite_xi_lines: drawn for the runs whose ξ²/d ≥
+    FINITE_XI_MIN (ĉ joint), none for the others; over its budget, the same number of starts
+    in each instance (at least one), the others NaN and the ``partial`` attribute says so."""
+    from dynamics.overlays import finetune as overlay
+    from dynamics.setup.config import RunConfig
+
+    base = dict(activation="he3", k=3, d=40, W="separated", c="gaussian", c_hat="gaussian",
+                seed=0)
+    config = RunConfig(instance=base | {"xi": 1.0}, eta=5e-4 / 40, steps=2000, runs=6,
+                       joint_c=True, project=False, xi_values=[1.0, 4.0, 8.0])
+    instances = config.run_instances()
+    assert [i.xi for i in instances] == [1.0, 1.0, 4.0, 4.0, 8.0, 8.0]
+    rng = np.random.default_rng(0)
+    p0 = 0.1 * rng.standard_normal((6, 3))
+    start = (p0, 0.1 * rng.standard_normal(6), np.stack([i.c_hat for i in instances]))
+    steps = np.array([0, 1000, 2000])
+    extra, attrs = overlay.finite_xi_lines(config, instances, steps, start)
+    line = extra["ode_finite_xi"]
+    assert np.isnan(line[:2]).all() and np.isfinite(line[2:]).all()  # ξ²/d = 0.025, 0.4, 1.6
+    assert np.all((line[2:] >= 0) & (line[2:] <= 1))
+    assert "partial" not in attrs["ode_finite_xi"]
+    monkeypatch.setattr(overlay, "FINITE_XI_BUDGET_S", 1e-9)
+    extra, attrs = overlay.finite_xi_lines(config, instances, steps, start)
+    drawn = np.isfinite(extra["ode_finite_xi_c_overlap"][:, -1])
+    assert drawn.tolist() == [False, False, True, False, True, False] or \
+        drawn.tolist() == [False, False, False, True, False, True]
+    assert drawn[2:4].sum() == drawn[4:].sum() == 1
+    assert "from 1 runs' starts per instance" in attrs["ode_finite_xi"]["partial"]
+    frozen = RunConfig(instance=base | {"xi": 8.0}, eta=5e-4 / 40, steps=2000, runs=2,
+                       project=False)
+    assert overlay.finite_xi_lines(frozen, frozen.run_instances(), steps, start) == ({}, {})

@@ -66,3 +66,23 @@ def test_a_run_with_stderr_in_a_file_logs_progress_lines(tmp_path):
     assert res.returncode == 0, log.read_text()
     lines = [ln for ln in log.read_text().splitlines() if ln.startswith("SGD:")]
     assert len(lines) >= 3 and "40000/40000" in lines[-1].replace(".0k", "000"), lines
+
+
+def test_a_warm_up_is_left_out_of_the_rate():
+    """A first unit that takes 1.5 s (a kernel's compile) and 30 units of 0.01 s: after
+    ``warmed_up`` the lines' rate is that of the 30 (≈ 100 step/s; without it, the first
+    lines would say under 20 step/s)."""
+    import re
+
+    from dynamics.runtime.progress import warmed_up
+
+    out = io.StringIO()
+    with progress_bar(31, file=out, unit="step", desc="SGD", interval=0.05) as bar:
+        time.sleep(1.5)
+        warmed_up(bar, 1)
+        for _ in range(30):
+            time.sleep(0.01)
+            bar.update(1)
+    rates = [float(r) for r in re.findall(r"([\d.]+)step/s", out.getvalue())]
+    assert rates and min(rates) > 25.0, out.getvalue()
+    assert "31/31" in out.getvalue().splitlines()[-1]

@@ -62,11 +62,15 @@ LINES = {
     "ode_corrected": Line("overlap", "overlap", absolute=True),
     "extra/ode_c_overlap": Line("c_overlap", "overlap"),
     "extra/ode_corrected_c_overlap": Line("c_overlap", "overlap"),
+    "extra/ode_finite_xi": Line("overlap", "overlap", absolute=True),
+    "extra/ode_finite_xi_c_overlap": Line("c_overlap", "overlap"),
     "extra/ode_alignment": Line("extra/alignment", "overlap"),
     "extra/ode_singular_values": Line("extra/singular_values", "overlap"),
     "extra/ode_loss": Line("loss", "loss"),
     "extra/ode_loss_true": Line("loss", "loss"),
     "extra/ode_loss_linear": Line("extra/loss_linear", "loss"),
+    "extra/ode_corrected_loss_true": Line("loss", "loss"),
+    "extra/ode_corrected_loss_linear": Line("extra/loss_linear", "loss"),
 }
 # the plots' theory sources that are not a prediction from the run's start
 NOT_AUDITED = {

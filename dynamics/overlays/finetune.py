@@ -17,6 +17,12 @@
     ``extra/ode_corrected_c_overlap``, and with joint ĉ, projected û, unit rows and b = 1 the
     10–90% linear-noise band around it (``hermite.finetune.band.joint_band``) as
     ``band_lower``/``band_upper`` and ``extra/band_c_lower``/``extra/band_c_upper``;
+- with ĉ joint, unit rows and ξ²/d ≥ ``FINITE_XI_MIN`` (Figs 1b and 6: ξ ~ √d, where the
+  d → ∞ ODE leaves out ĉ's step noise, docs/theory/finite-xi.md), the finite-ξ line: the
+  diffusion approximation of the exact chain (``hermite.finetune.finite_xi.finite_xi_ensemble``,
+  ``FINITE_XI_PATHS`` paths per start) as ``extra/ode_finite_xi`` (E|⟨û, u⟩|) and
+  ``extra/ode_finite_xi_c_overlap``, from as many runs' starts as its cost budget allows
+  (:func:`finite_xi_lines`);
 - :func:`initial_drift_sign`, sign h(0), which fixes the aligned start of Thm 5.
 
 The start: ``m₀`` of every run, and, from the rank-1 assembly, the first checkpoint's
@@ -50,6 +56,8 @@ __all__ = [
     "initial_drift_sign",
     "budget_starts",
     "finetune_regime",
+    "finite_xi_applies",
+    "finite_xi_lines",
 ]
 
 FINITE_D_MAX_ETA_D = 10.0  # beyond η·d ≈ 10 SGD is far past its noise floor / diverges
@@ -68,6 +76,14 @@ BAND_STEP_S = 0.01  # and ≈ 0.01 s of Python per RK4 step for each group of ru
 POLYNOMIAL_TERMS = 16  # a Mehler series of at most this many terms costs as a closed form
 RATE_GROWTH = 1.5  # the drift's stiffness along the corrected ODE over its value at the start
 # (Fig. 3's setting, ReLU, ξ = √k: up to 1.3× at k = 50, 1.9× at k = 20)
+FINITE_XI_MIN = 0.25  # ξ²/d from which the finite-ξ line is drawn beside the ODEs (ĉ joint)
+FINITE_XI_PATHS = 8  # its paths per start (docs/theory/finite-xi.md measured with 8)
+# its seconds per start, Euler–Maruyama step (η·h ≤ FLOW_STEP) and row k: the step noise on
+# 2¹⁴ QMC points every 16 steps and 8 paths' drift (He₃, k = 10, d = 300, ξ = 12.65, 8
+# starts: 31 s for 3000 steps on the 2-core machine under load)
+FINITE_XI_SECONDS = 1.3e-4
+FINITE_XI_BUDGET_S = 60.0  # its estimated seconds per trajectory (the line to read where
+# ξ ~ √d: a larger budget than the corrected ODE's), shared evenly by its run groups
 
 
 def finetune_regime(config, inst: Instance):
@@ -270,6 +286,10 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
         for key in band:
             out["extra_attrs"][key] = {"note": note + ("; of ⟨ĉ, c⟩/‖ĉ‖‖c‖" if "_c_" in key
                                                        else "; of ⟨û, u⟩")}
+    xi_extra, xi_attrs = finite_xi_lines(config, instances, steps, (p0, mu0, c0))
+    out["extra"].update(xi_extra)
+    for key, attrs in xi_attrs.items():
+        out["extra_attrs"].setdefault(key, {}).update(attrs)
     if o.joint_c:
         out["extra"]["ode_c_overlap"] = c_ode
         out["extra_attrs"]["ode_c_overlap"] = {
@@ -280,6 +300,72 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
                 "note": fixed + "; ⟨û, u⟩ of the same ODE is `ode_corrected`",
                 "ode": "corrected"} | part
     return out
+
+
+def finite_xi_applies(config, inst: Instance) -> bool:
+    """Whether the finite-ξ line is drawn for runs of ``inst``: ĉ joint, unit rows, finite-d
+    theory on within its η·d range (:func:`corrected_applies`) and ξ²/d ≥ ``FINITE_XI_MIN``."""
+    return (config.options.joint_c and unit_rows(config) and corrected_applies(config, inst.d)
+            and inst.xi ** 2 / inst.d >= FINITE_XI_MIN)
+
+
+def finite_xi_lines(config, instances: list[Instance], steps, start) -> tuple[dict, dict]:
+    """({``ode_finite_xi``, ``ode_finite_xi_c_overlap``: (R, C)}, their attributes) for the
+    run groups where :func:`finite_xi_applies` (({}, {}) where none does): the diffusion
+    approximation of the chain (``finite_xi_ensemble``, ``FINITE_XI_PATHS`` paths per start,
+    seed 0) from each run's ``start`` (p₀, μ₀, ĉ₀), from the runs :func:`budget_starts`
+    picks, as many in each group, when all of them would take more than
+    ``FINITE_XI_BUDGET_S`` (NaN in the others, said in the ``partial`` attribute); a group
+    whose line fails numerically is left out (NaN, the reason in the ``finite_xi``
+    attribute of it and, where every group failed, of ``ode``)."""
+    from hermite.finetune.finite_xi import EnsembleScheme, finite_xi_ensemble
+
+    groups = [(inst, idx) for inst, idx in group_runs(instances)
+              if finite_xi_applies(config, inst)]
+    if not groups:
+        return {}, {}
+    p0, mu0, c0 = start
+    steps = np.asarray(steps)
+    scheme = EnsembleScheme(particles=FINITE_XI_PATHS)
+    rate = max(config.eta, config.step_size_c)
+    per_run = (math.ceil(rate * float(np.max(steps)) / scheme.flow_step) * instances[0].k
+               * FINITE_XI_SECONDS)
+    runs = sum(idx.size for _, idx in groups)
+    cost = runs * per_run
+    shape = (len(instances), len(steps))
+    m, c = np.full(shape, np.nan), np.full(shape, np.nan)
+    chosen = np.ones(len(instances), dtype=bool)
+    partial = None
+    if cost > FINITE_XI_BUDGET_S:  # the same number of starts in each group, at least one
+        each = max(1, int(FINITE_XI_BUDGET_S // per_run) // len(groups))
+        for _, idx in groups:
+            chosen[idx] = budget_starts(mu0[idx], each)
+        partial = (f"finite-ξ line from {each} runs' starts per instance only (spread over "
+                   f"their ⟨û₀, u⟩; NaN in the others): all {runs} ≈ {cost:.0f} s > "
+                   f"{FINITE_XI_BUDGET_S:g} s")
+        print(f"note: {partial}", file=sys.stderr)
+    failed = {}
+    for inst, idx in groups:
+        cidx = idx[chosen[idx]]
+        if not cidx.size:
+            continue
+        begin = hermite.FinetuneStart(mu0=mu0[cidx], p0=p0[cidx], c_hat0=c0[cidx])
+        sol = _attempt(failed, "finite_xi", cidx, finite_xi_ensemble, inst,
+                       finetune_regime(config, inst), steps, begin, scheme=scheme)
+        if sol is not None:
+            m[cidx], c[cidx] = sol.abs_m, sol.c_overlap
+    why = _reasons(failed)
+    if not np.isfinite(m).any():
+        return {}, {"ode": why} if why else {}
+    note = ("finite-ξ line (hermite.finetune.finite_xi.finite_xi_ensemble): the diffusion "
+            "approximation of the exact chain, the corrected drift plus the step noise of "
+            f"(p, μ, ĉ), {FINITE_XI_PATHS} paths per start; at ξ ~ √d the d → ∞ ODE leaves out "
+            "ĉ's step noise (docs/theory/finite-xi.md)")
+    attrs = {"ode": "finite-xi"} | ({"partial": partial} if partial else {}) | why
+    return ({"ode_finite_xi": m, "ode_finite_xi_c_overlap": c},
+            {"ode_finite_xi": {"note": note + "; E|⟨û, u⟩| of its paths"} | attrs,
+             "ode_finite_xi_c_overlap": {"note": note + "; ⟨ĉ, c⟩/(‖ĉ‖‖c‖) of its paths"}
+             | attrs})
 
 
 def budget_starts(mu0, n: int) -> np.ndarray:
@@ -296,7 +382,8 @@ def budget_starts(mu0, n: int) -> np.ndarray:
 
 
 LINES = {"ode": "population ODE", "corrected": "finite-d corrected ODE",
-         "band": "linear-noise band"}  # the theory lines of a run, as notes name them
+         "band": "linear-noise band",
+         "finite_xi": "finite-ξ line"}  # the theory lines of a run, as notes name them
 
 
 def _attempt(failed: dict, line: str, idx, fn, *args, **kwargs):

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from dynamics.runtime.progress import progress_bar
+from dynamics.runtime.progress import progress_bar, warmed_up
 
 __all__ = ["ChainRun", "run_to_end", "Pace", "SEGMENT_SECONDS", "FIRST_SEGMENT",
            "SEGMENT_ENV"]
@@ -219,11 +219,16 @@ def run_to_end(run: ChainRun, *, progress: bool = False, after_segment=None,
                       initial=run.step) as bar:
         if before is not None:
             before()
+        first = True
         while not run.finished:
             n, start, t0 = pace.next(), time.perf_counter(), run.step
             run.advance(n)
             pace.took(run.step - t0, time.perf_counter() - start)
-            bar.update(run.step - t0)
+            if first:  # its kernel's compile (or cache load) is no measure of the rate
+                warmed_up(bar, run.step - t0)
+                first = False
+            else:
+                bar.update(run.step - t0)
             if not run.finished and after_segment is not None and after_segment(run):
                 break
     return run

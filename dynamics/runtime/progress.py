@@ -10,7 +10,7 @@ import sys
 
 from tqdm import tqdm
 
-__all__ = ["progress_bar", "LINE_INTERVAL"]
+__all__ = ["progress_bar", "warmed_up", "LINE_INTERVAL"]
 
 # seconds between two progress lines when stderr is not a terminal (environment override)
 LINE_INTERVAL = float(os.environ.get("LORADYN_PROGRESS_INTERVAL", "30"))
@@ -56,3 +56,14 @@ def progress_bar(total, *, enabled: bool = True, desc: str | None = None, unit: 
                          mininterval=LINE_INTERVAL if interval is None else interval,
                          miniters=1, unit_scale=total is not None and total >= 10**4,
                          ascii=True)
+
+
+def warmed_up(bar: tqdm, units: int) -> None:
+    """Count ``units`` done in a warm-up (a kernel's compile with its first steps) without
+    their time, so that the rate and ETA of the lines that follow are those of the work
+    after it (the elapsed time shown starts again there)."""
+    if bar.disable:
+        return
+    bar.unpause()  # tqdm: the timer restarts from now (nothing printed yet)
+    bar.n += units
+    bar.last_print_n = bar.n

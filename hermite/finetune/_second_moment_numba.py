@@ -18,7 +18,8 @@ from numba import njit
 
 from hermite.activations_numba import sigma_and_deriv
 
-__all__ = ["second_moment_block", "overlap_moments_block", "step_moments_block"]
+__all__ = ["second_moment_block", "overlap_moments_block", "step_moments_block",
+           "step_increments_block"]
 
 
 @njit(cache=True, nogil=True)
@@ -202,3 +203,48 @@ def step_moments_block(mu, ch, a, b, lz, y, rho2, lam, xi, eta, eta_c, code, deg
                 cov[r, i, j] = c
                 cov[r, j, i] = c
     return mean, cov
+
+
+@njit(cache=True, nogil=True)
+def step_increments_block(p, mu, ch, z, a, b, lz, y, L, lam, xi, project, joint_c, eta, eta_c,
+                          code, deg):
+    """(R, N, D) O(η) step increments of the packed state (p (k, unprojected), μ, ĉ (k,
+    joint)) at every point, at states p (R, k), μ (R,), ĉ (R, k): −η G_T's coordinates and
+    −η_c ∂ℓ/∂ĉ (unit rows, b = 1). The compiled form of
+    ``hermite.finetune.finite_xi.StepNoise._increments`` (numpy, its reference); their
+    covariance is left to BLAS."""
+    runs, k = ch.shape
+    n = a.shape[0]
+    off = 0 if project else k
+    dim = off + 1 + (k if joint_c else 0)
+    inc = np.empty((runs, n, dim))
+    xc, sc, pre, delta, gw = np.empty(k), np.empty(k), np.empty(k), np.empty(k), np.empty(k)
+    om = np.empty(k)
+    for r in range(runs):
+        nu = _state(p, mu, ch, r, L, xi, True, 1.0, xc, sc)
+        for j in range(k):
+            acc = 0.0
+            for i in range(k):
+                acc += L[j, i] * p[r, i]
+            om[j] = acc
+        for t in range(n):
+            g = _point(p, mu, nu, r, t, z, a, b, lz, y, lam, 1.0, xc, sc, code, deg, pre,
+                       delta)
+            ge = g * a[t]
+            sdot = mu[r] * ge + nu * g * b[t]
+            if not project:
+                _span_w(g, t, z, L, True, xc, sc, pre, delta, gw)
+                for i in range(k):
+                    sdot += gw[i] * p[r, i]
+                for i in range(k):
+                    inc[r, t, i] = -eta * (gw[i] - sdot * p[r, i])
+            inc[r, t, off] = -eta * (ge - sdot * mu[r])
+            if joint_c:
+                s = mu[r] * a[t] + nu * b[t]
+                for i in range(k):
+                    s += p[r, i] * z[t, i]
+                for j in range(k):
+                    norm_part = (xi * om[j] + xi * xc[j]) * sc[j]
+                    inc[r, t, off + 1 + j] = -eta_c * delta[j] * xi * sc[j] * (
+                        s - pre[j] * norm_part / xi)
+    return inc

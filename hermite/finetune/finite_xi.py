@@ -1,6 +1,7 @@
-r"""Fluctuation-corrected flows of fine-tuning at finite ξ/√d: tools of the measurement in
-docs/theory/finite-xi.md, **not yet a validated theory line** (read that page before drawing
-either beside a figure).
+r"""Fluctuation-corrected flows of fine-tuning at finite ξ/√d (docs/theory/finite-xi.md):
+(S), the diffusion approximation, is the line drawn beside runs with ĉ joint and ξ²/d ≥ 0.25
+(``dynamics.overlays.finetune.finite_xi_lines``); (F), the moment closure, is kept for the
+measurement that rules it out.
 
 State y = (p, μ, ĉ) ∈ R^D of the exact chain (D = k + 1 + k unprojected and joint; p or ĉ
 dropped where projected or frozen, as :meth:`FinetuneModel.pack` does). One SGD step is
@@ -56,6 +57,12 @@ MIN_WIDTH = 1e-4  # smallest sigma-point width (the central-difference width of 
 _BLOCK = 2_000_000  # elements (runs × points × k) per vectorised block of V
 
 
+def _covariance(inc) -> np.ndarray:
+    """(R, D, D) sample covariance over the points of increments (R, N, D)."""
+    dev = inc - inc.mean(axis=1, keepdims=True)
+    return np.swapaxes(dev, 1, 2) @ dev / (inc.shape[1] - 1)
+
+
 class StepNoise:
     """Covariance V(y) (R, D, D) of the O(η) step increment of the packed state y at states
     (R, ·): η² Cov of the tangent sample gradient's (p, μ) coordinates and η_c² Cov of ∂ℓ/∂ĉ
@@ -76,10 +83,25 @@ class StepNoise:
         step = max(1, _BLOCK // (self.qmc.a.size * m.k))
         for r0 in range(0, mu.size, step):
             sl = slice(r0, min(mu.size, r0 + step))
-            inc = self._increments(p[sl], mu[sl], ch[sl])
-            dev = inc - inc.mean(axis=1, keepdims=True)
-            out[sl] = np.swapaxes(dev, 1, 2) @ dev / (inc.shape[1] - 1)
+            out[sl] = (self._block(p[sl], mu[sl], ch[sl]) if self.qmc.code is None
+                       else self._compiled(p[sl], mu[sl], ch[sl]))
         return out / self.batch
+
+    def _block(self, p, mu, ch):
+        """(R, D, D) covariance of the increments of a block of runs (numpy increments: the
+        reference of the compiled ones, and σ without a numba code)."""
+        return _covariance(self._increments(p, mu, ch))
+
+    def _compiled(self, p, mu, ch):
+        """:meth:`_block` with the increments of
+        :func:`hermite.finetune._second_moment_numba.step_increments_block`."""
+        from hermite.finetune._second_moment_numba import step_increments_block
+
+        m, q = self.model, self.qmc
+        return _covariance(step_increments_block(
+            np.ascontiguousarray(p, dtype=float), np.ascontiguousarray(mu, dtype=float),
+            np.ascontiguousarray(ch, dtype=float), q.z, q.a, q.b, q.lz, q.y, m.L, m.lam, m.xi,
+            m.project, m.joint_c, m.eta, m.eta_c, *q.code))
 
     def _increments(self, p, mu, ch):
         """(R, N, D) O(η) increments −η G_T (p, μ) and −η_c ∂ℓ/∂ĉ at each QMC point."""

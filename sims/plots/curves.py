@@ -82,26 +82,34 @@ REFERENCES = {
     "singular_values": (("extra:ode_singular_values", "matrix_ode", "--"),),
     "loss_linear": (("loss", "true_loss", ":"),
                     ("extra:ode_loss_linear", "linear_ode", "--"),
+                    ("extra:ode_corrected_loss_linear", "linear_corrected", "-."),
                     ("extra:floor_linear", "linear_floor", (0, (1, 3)))),
     "refit_loss": (("extra:refit_loss_population", "refit_population", "--"),
                    ("extra:base_loss", "base_loss", ":")),
     "loss": (("extra:ode_loss", "committee_ode", "--"),
              ("extra:ode_loss_true", "linear_ode_true", "--"),
+             ("extra:ode_corrected_loss_true", "linear_corrected_true", "-."),
              ("extra:floor_true", "linear_floor_true", (0, (1, 3)))),
     "alignment": (("extra:ode_alignment", "committee_ode", "--"),),
     "c_overlap": (("extra:ode_c_overlap", "c_ode", "--"),
-                  ("extra:ode_corrected_c_overlap", "c_ode_corrected", "-.")),
+                  ("extra:ode_corrected_c_overlap", "c_ode_corrected", "-."),
+                  ("extra:ode_finite_xi_c_overlap", "c_finite_xi", ":")),
+    "abs_overlap": (("extra:ode_finite_xi", "finite_xi", ":"),),
 }
 # quantity → the sources of its theory lines (a curve with no finite value in any has none)
 THEORY = {
-    "overlap": ("ode", "ode_corrected"), "abs_overlap": ("ode", "ode_corrected"),
+    "overlap": ("ode", "ode_corrected"),
+    "abs_overlap": ("ode", "ode_corrected", "extra:ode_finite_xi"),
     "loss": ("extra:ode_loss",), "alignment": ("extra:ode_alignment",),
     "singular_values": ("extra:ode_singular_values",),
     "refit_loss": ("extra:refit_loss_population",),
-    "c_overlap": ("extra:ode_c_overlap", "extra:ode_corrected_c_overlap"),
+    "c_overlap": ("extra:ode_c_overlap", "extra:ode_corrected_c_overlap",
+                  "extra:ode_finite_xi_c_overlap"),
 }
 THEORY["loss"] += ("extra:ode_loss_true",)  # linearized: the true loss at its mean Δ
-THEORY["loss_linear"] = ("extra:ode_loss_linear", "extra:floor_linear")
+THEORY["loss"] += ("extra:ode_corrected_loss_true",)  # … and its finite-η corrected mean
+THEORY["loss_linear"] = ("extra:ode_loss_linear", "extra:ode_corrected_loss_linear",
+                         "extra:floor_linear")
 # a theory dataset's attributes: why a line is missing (``partial``: for some runs only)
 LEFT_OUT = ("no_theory", "corrected", "partial")
 THEORY_ZORDER = 3  # above the medians (Line2D default 2) and bands
@@ -115,8 +123,12 @@ REFERENCE_LABELS = {
     "linear_floor": "linear model's floor min L",
     "linear_ode_true": "true loss at the linear model's mean Δ",
     "linear_floor_true": "true loss at the linear model's floor",
+    "linear_corrected": "linear model's finite-η corrected mean loss",
+    "linear_corrected_true": "true loss, linear model's finite-η corrected mean",
     "c_ode": "population ODE of fine-tuning (⟨ĉ, c⟩)",
     "c_ode_corrected": "noise-corrected (finite-d) ODE (⟨ĉ, c⟩)",
+    "finite_xi": "finite-ξ diffusion (E|⟨û, u⟩|)",
+    "c_finite_xi": "finite-ξ diffusion (⟨ĉ, c⟩)",
 }
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
 SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
