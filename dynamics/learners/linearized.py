@@ -34,11 +34,16 @@ network with rows (wⱼ + Δⱼ)/‖·‖ (``network_loss``, dual kernels); extr
 population loss of f_lin, exact (the quadratic form of ``hermite.flows.linearized``; a Monte Carlo
 estimate on one evaluation set shared by every run put a common error of a few % into every
 run's value, which the runs' spread cannot show); extra ``delta_norm`` = ‖Δ‖_F; ``c_overlap`` when ĉ
-is trained; ``ode`` NaN (no theory).
+is trained. Theory (:func:`_theory`): the mean ODE (``ode``, ``ode_loss_true``,
+``ode_loss_linear``) and the floors; rank 1 with û projected, also the finite-η corrected lines
+``ode_corrected``, ``ode_corrected_loss_true``, ``ode_corrected_loss_linear``
+(``hermite.finite_d.linearized_corrected``), and then a plain line outside the audit's
+tolerance is left out (:func:`_keep_plain`).
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
@@ -53,6 +58,8 @@ from dynamics.learners.options import LowRankOptions, option
 from dynamics.learners.problem import Problem, per_run, rowmat
 from dynamics.measures.network_loss import network_loss
 from dynamics.measures.observables import c_overlap, group_runs
+from dynamics.overlays.audit import fmt_value
+from dynamics.runtime.trajectory import mask_dead
 
 torch = lazy_import("torch")  # loaded at its first use
 
@@ -532,10 +539,144 @@ def _theory_group(result, inst, idx, full_rank, curves, floors, notes) -> None:
 
 def _trajectory(result: RunResult, overlap, delta, c_ov, full_rank: bool = False):
     """The Trajectory of either parameterisation from Δ (R, C, k, D) in a reduced basis, with
-    the linear model's exact theory (:func:`_theory`)."""
+    the linear model's exact theory (:func:`_theory`) and, rank 1 projected, its finite-η
+    corrected lines (:func:`_corrected_theory`; a plain line outside the audit's tolerance
+    is then left out, :func:`_keep_plain`)."""
     insts = result.instances
     theory, extra, attrs = _theory(result, full_rank)
+    loss = true_loss(insts, delta)
     extra = {"loss_linear": linear_loss(insts, delta),
              "delta_norm": np.sqrt(np.square(delta).sum((2, 3)))} | extra
-    return make_trajectory(result, overlap, true_loss(insts, delta), loss_kind="exact",
+    if not full_rank:
+        corrected, corr_attrs = _corrected_theory(result)
+        if corrected:
+            theory["ode_corrected"] = corrected.pop("ode_corrected")
+            extra |= corrected
+            attrs |= corr_attrs
+            sgd = {"ode": overlap, "ode_loss_true": loss, "ode_loss_linear": extra["loss_linear"]}
+            _keep_plain(result, theory, extra, attrs, sgd)
+    return make_trajectory(result, overlap, loss, loss_kind="exact",
                            c_overlap=c_ov, extra=extra, theory=theory, extra_attrs=attrs)
+
+
+# the plain lines and the finite-η corrected lines that replace them (HDF5 paths)
+CORRECTED_PAIRS = {"ode": "ode_corrected",
+                   "extra/ode_loss_true": "extra/ode_corrected_loss_true",
+                   "extra/ode_loss_linear": "extra/ode_corrected_loss_linear"}
+
+
+def corrected_seconds(runs: int, k: int, checkpoints: int, rk4_steps: int) -> float:
+    """Estimated seconds of :func:`hermite.finite_d.linearized_corrected.linear_rank1_corrected`
+    for ``runs`` runs (``CORRECTED_COST``: per run, RK4 step and point·row of the QMC
+    average; per run, checkpoint and sigma point·row² of the true loss)."""
+    from hermite.finite_d.linearized_corrected import Q_EVERY, SAMPLES
+
+    flow = CORRECTED_COST["flow"] * runs * rk4_steps * SAMPLES * (k + 1) * (1 + k / Q_EVERY)
+    sigma = CORRECTED_COST["sigma"] * runs * checkpoints * 2 * (k + 1) * k * k
+    return flow + sigma
+
+
+# seconds per unit of corrected_seconds' counts, measured at Fig. 3's quick cell (k = 20,
+# 4 runs, 73 checkpoints, 631 RK4 steps: 9.6 s flow, 2.8 s sigma points) on the 2-core
+# machine under load
+CORRECTED_COST = {"flow": 6.3e-9, "sigma": 5.7e-7}
+
+
+def _corrected_theory(result: RunResult) -> tuple[dict, dict]:
+    """The finite-η corrected lines of the rank-1 learner, projected û
+    (``hermite.finite_d.linearized_corrected``, eq. L2 of docs/theory/linearized.md) from each
+    run's start: ``ode_corrected`` (E|⟨û, u⟩|) and extra ``ode_corrected_loss_true`` /
+    ``ode_corrected_loss_linear``, with their attributes; ({}, {}) where they do not apply
+    (unprojected û, ``--no-finite-d-theory``, η·d beyond ``FINITE_D_MAX_ETA_D``). Over the
+    cost budget: from some runs' starts only (``partial``); a failure: left out with why
+    (``corrected``)."""
+    from dynamics.overlays.finetune import (
+        CORRECTED_BUDGET_S,
+        budget_starts,
+        corrected_applies,
+        finetune_regime,
+    )
+    from hermite.finite_d.linearized_corrected import linear_rank1_corrected, rk4_steps
+
+    cfg, rec, steps, insts = result.config, result.records, result.steps, result.instances
+    if not cfg.options.project or not corrected_applies(cfg, insts[0].d):
+        return {}, {}
+    k, runs = insts[0].k, len(insts)
+    mu0 = np.asarray(rec["coords"][:, 0, k], dtype=float)
+    c0 = (np.asarray(rec["c_hat"][:, 0], dtype=float) if cfg.options.joint_c
+          else np.stack([i.c_hat for i in insts]))
+    names = ("ode_corrected", "ode_corrected_loss_true", "ode_corrected_loss_linear")
+    out = {name: np.full((runs, steps.size), np.nan) for name in names}
+    regime0 = finetune_regime(cfg, insts[0])
+    cost = corrected_seconds(runs, k, steps.size, rk4_steps(insts[0], regime0, steps))
+    chosen, meta = np.ones(runs, dtype=bool), {}
+    if cost > CORRECTED_BUDGET_S:
+        chosen = budget_starts(mu0, int(runs * CORRECTED_BUDGET_S // cost))
+        meta["partial"] = (f"finite-η corrected line from {int(chosen.sum())} of {runs} runs' "
+                           f"starts (spread over ⟨û₀, u⟩; NaN in the others): all ≈ "
+                           f"{cost:.0f} s > {CORRECTED_BUDGET_S:g} s")
+        print(f"note: {meta['partial']}", file=sys.stderr)
+    failed = []
+    for inst, idx in group_runs(insts):
+        idx = idx[chosen[idx]]
+        if not idx.size:
+            continue
+        try:
+            with np.errstate(all="ignore"):
+                line = linear_rank1_corrected(inst, mu0[idx], c0[idx],
+                                              finetune_regime(cfg, inst), steps)
+        except (ArithmeticError, ValueError) as exc:
+            failed.append(f"runs {idx[0]}…{idx[-1]}: {exc}")
+            continue
+        for name, value in zip(names, (line.overlap, line.loss_true, line.loss_linear),
+                               strict=True):
+            out[name][idx] = value
+    if failed:
+        meta["corrected"] = (f"finite-η corrected line left out: its integration failed "
+                             f"({failed[0]})" + (f"; {len(failed) - 1} more run groups failed"
+                                                 if len(failed) > 1 else ""))
+        print(f"note: {meta['corrected']}", file=sys.stderr)
+    if not np.isfinite(out["ode_corrected"]).any():
+        return {}, ({"ode": {"corrected": meta["corrected"]}} if failed else {})
+    eta_d = cfg.eta * insts[0].d
+    note = ("finite-η corrected mean of the rank-1 learner (hermite.finite_d.linearized_"
+            "corrected, eq. L2 of docs/theory/linearized.md): the O(η) drift, the spherical "
+            "step's O(η²d) renormalisation and the linear-noise spread of (⟨û, e⟩, ĉ) "
+            f"(η·d = {eta_d:.3g})")
+    attrs = {"ode_corrected": {"note": note + "; E|⟨û, u⟩|", "ode": "corrected"} | meta,
+             "ode_corrected_loss_true": {"note": note + "; E of the true loss", "ode":
+                                         "corrected"} | meta,
+             "ode_corrected_loss_linear": {"note": note + "; E of the linear loss (exact "
+                                                  "given the moments)", "ode": "corrected"}
+             | meta}
+    return out, attrs
+
+
+AUDIT_MIN_RUNS = 4  # a plain line is judged on at least this many runs (fewer: an SE of < 3
+# degrees of freedom)
+
+
+def _keep_plain(result: RunResult, theory: dict, extra: dict, attrs: dict, sgd: dict) -> None:
+    """Leave out (NaN, with why in its ``no_theory`` attribute) each plain first-order line
+    whose audit against these runs (``dynamics.overlays.audit``, on ≥ ``AUDIT_MIN_RUNS``
+    runs) is outside tolerance while its corrected line is recorded: it must not be read as
+    the theory there."""
+    from dynamics.overlays.audit import LINES, audit_line
+
+    for plain, corr in CORRECTED_PAIRS.items():
+        name, cname = plain.removeprefix("extra/"), corr.removeprefix("extra/")
+        where = theory if plain == "ode" else extra
+        cvalue = theory.get(cname) if corr == "ode_corrected" else extra.get(cname)
+        if cvalue is None or not np.isfinite(cvalue).any() or where.get(name) is None:
+            continue
+        audit = audit_line(plain, LINES[plain], result.steps, mask_dead(result, sgd[name]),
+                           where[name])
+        if audit.runs < AUDIT_MIN_RUNS or audit.passed:
+            continue
+        why = (f"plain first-order line `{name}` left out: outside the audit tolerance against "
+               f"these runs (max |Δ| {audit.max_abs:.3g} at step {audit.at_step}, "
+               f"{fmt_value(audit.max_se, '.2g')} SE; docs/theory/audit.md); read "
+               f"`{cname}`, the finite-η corrected line")
+        where[name] = np.full_like(np.asarray(where[name], dtype=float), np.nan)
+        attrs.setdefault(name, {})["no_theory"] = why
+        print(f"note: {why}", file=sys.stderr)

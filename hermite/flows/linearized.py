@@ -35,7 +35,8 @@ Functions:
   learner's sample gradient is affine in Δ and the example is independent of Δ, so
   E Δₜ₊₁ = E Δₜ − η Π(∇L(E Δₜ)) − 2η·prox·E Δₜ with no approximation), or its gradient flow;
 * :func:`linear_model_rank1_gradient`, :func:`linear_model_rank1_ode` — rank 1 Δ = ξĉûᵀ:
-  the mean drift of the learner's spherical step and its integration (scipy);
+  the mean drift of the learner's spherical step and its integration (scipy), first order in
+  η (its finite-η corrected line, projected û: ``hermite.finite_d.linearized_corrected``);
 * :func:`linear_model_floor` → :class:`Floor` — min L over full-rank or rank-1 Δ (the
   learner's constraints), and the true network loss at the minimiser;
 * :func:`linear_model_sgd_excess` — leading-order stationary excess E L(Δ_∞) − L* of SGD;
