@@ -9,7 +9,7 @@ def sweep(quick: bool) -> dict:
     d, k = (500, 20) if quick else (2000, 50)
     return {
         "sweep": {"name": "fig3" + ("-quick" if quick else "")},
-        "base": {"runs": 4 if quick else 8, "joint_c": True, "project": True,
+        "base": {"runs": 16 if quick else 8, "joint_c": True, "project": True,
                  "eta_times_d": 0.01 if quick else 0.004, "steps_per_d": 300,
                  "checkpoints": 80, "engine": "auto",
                  "instance": unit_row_instance("relu", d, k, math.sqrt(k))},
