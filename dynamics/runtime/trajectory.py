@@ -8,7 +8,6 @@ the former (divergence masking, shared run metadata), used by every learner and 
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 import numpy as np
