@@ -109,8 +109,9 @@ def test_the_registry_answers_from_the_declarations():
     with pytest.raises(ValueError, match="no learner learns"):
         default_learner("nobody")
     chains = {cls.name for cls in learner_classes() if cls.exact_chain() is not None}
-    assert chains == {"finetune", "glm", "linearized", "lora", "pretrained-glm", "scratch",
-                      "scratch-csq", "sparse"}  # linearized: its full-rank parameterisation
+    assert chains == {"finetune", "glm", "linearized", "lora", "lora-ba", "pretrained-glm",
+                      "scratch", "scratch-csq",
+                      "sparse"}  # linearized: its full-rank parameterisation
     spec = dict(activation="relu", k=3, d=20, xi=1.0)
     ok, why = reduced_supported(RunConfig(spec, learner="moment"))
     assert not ok and "'moment' has no exact finite-state reduction" in why

@@ -26,7 +26,8 @@ population loss of the rows (wⱼ + s(BA)ⱼ)/‖·‖ (``network_loss``, dual k
 ``extra["b_norm"]`` = ‖B‖_F, ``extra["a_norm"]`` = ‖A‖_F, ``extra["delta_norm"]`` = ‖sBA‖_F.
 Theory (``ode``, ``extra["ode_loss"]``, ``extra["ode_update_overlap"]``): the population flow
 of (B, A's coordinates in span(W, u), A's Gram) in τ = η·steps, d → ∞ and first order in η,
-from each run's recorded (B₀, A₀) (``hermite.flows.lora_ba``).
+from each run's recorded (B₀, A₀) (``hermite.flows.lora_ba``). Reduced engine: the exact
+chain in (B, Z, S) (``dynamics.reduced.lora_ba_chain``).
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class LoRABA(Learner):
     name = "lora-ba"
     Options = LoRABAOptions
     overlap_label = "|⟨v₁(BA), u⟩|"
+    chain = ("dynamics.reduced.lora_ba_chain", "LoraBAChain")  # the exact chain in (B, Z, S)
 
     @classmethod
     def memory(cls, config, d: int, k: int) -> Memory:

@@ -60,7 +60,8 @@ for activations without a compiled version).
 Modules: ``simulate`` (the public entry points), ``exact_chain`` (what a learner's chain
 offers), ``segments`` (runs advanced in segments), ``params`` (instances packed for the
 kernels); the chains ``rank_chain``/``rank_simulate`` (rank-r), ``glm_chain``, ``linear_chain``,
-``network_chain``/``network_simulate``, ``pretrained_chain``; the backends ``torch_chain``,
+``network_chain``/``network_simulate``, ``pretrained_chain``,
+``lora_ba_chain``/``lora_ba_kernel`` (``lora-ba``); the backends ``torch_chain``,
 ``cuda_kernel`` and ``network_cuda``. Imports ``setup``, ``learners`` and the rooms below them.
 """
 
