@@ -21,7 +21,8 @@ COMMANDS = {  # name → (module, attribute, one-line help)
     "plot": ("sims.commands.plot", "plot",
              "Plot trajectory files (loradyn run) and sweep files (loradyn sweep)."),
     "reproduce": ("sims.commands.reproduce", "reproduce",
-                  "Reproduce the paper's App. B figures (fig1 … fig6) and its separation."),
+                  "Reproduce the paper's App. B figures (fig1 … fig6), its separation "
+                  "and pretraining-hurts."),
     "run": ("sims.commands.run", "run",
             "Simulate online SGD on the instance SPEC (JSON/TOML) and write --out."),
     "scaling": ("sims.commands.scaling", "scaling",

@@ -55,7 +55,7 @@ from hermite.activations_numba import act_code, sigma, sigma_and_deriv
 __all__ = ["LEARNER", "PtHyper", "PretrainedSettings", "PretrainedStart", "PretrainedRun",
            "PretrainedChain", "StepDraws", "pretrained_supported", "initial_runs", "run_chain",
            "step_given", "simulate_pretrained", "start_pretrained",
-           "first_passage_pretrained"]
+           "first_passage_pretrained", "advance_recording"]
 
 ENGINE = "reduced"
 LEARNER = "pretrained-glm"
@@ -223,6 +223,19 @@ def _advance(hyp: PtHyper, state: dict, cp: np.ndarray, rec: dict):
     over_runs(_advance_block, n, hyp, state["states"], state["a"], state["m"], state["nu"],
               div, hit, np.asarray(cp, dtype=np.int64), rec["a"], rec["m"])
     return div, hit
+
+
+def advance_recording(settings: PretrainedSettings, state: dict, n_steps: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Advance ``state`` (:func:`initial_runs`'s arrays, in place) by ``n_steps`` steps,
+    recording after every one: (a, m) of shape (R, n_steps) and div (R,), the step of the
+    call a run diverged at (−1: not; frozen there, its later records repeat its state). Calls
+    in blocks give the numbers of one call over the whole span (each run's own stream)."""
+    n = int(n_steps)
+    runs = state["m"].shape[0]
+    rec = {"a": np.empty((runs, n)), "m": np.empty((runs, n))}
+    div, _ = _advance(settings.hyper(n), state, np.arange(1, n + 1, dtype=np.int64), rec)
+    return rec["a"], rec["m"], div
 
 
 class PretrainedRun(ChainRun):

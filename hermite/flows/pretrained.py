@@ -40,6 +40,7 @@ __all__ = [
     "escape_coefficients",
     "escape_rate",
     "escape_time",
+    "flow_crossing_time",
     "pretrained_drift",
     "pretrained_flow",
     "pretrained_loss",
@@ -347,3 +348,33 @@ def _integrate(moments, mu: float, starts: np.ndarray, times: np.ndarray, renorm
                                f"{sol.message}")
         a_out[idx], m_out[idx] = sol.y[:k], np.clip(sol.y[k:], -1.0, 1.0)  # m = ±1 invariant
     return a_out, m_out
+
+
+def flow_crossing_time(activation, mu, a0, m0, level, t_max, *, eta=None, d=None,
+                       batch=None) -> float:
+    """First t ∈ (0, t_max] with |m(t)| = ``level`` on the population flow from (a0, m0) (an
+    event of the DOP853 solve, rtol 1e-9, atol 1e-15; η, d and B add the renormalisation
+    term); 0 if |m0| ≥ level already, ``math.inf`` if not by t_max."""
+    act = resolve_activation(activation)
+    mu = _check_mu(mu)
+    renorm = _renorm_rate(eta, d, batch)
+    a0, m0 = (float(x) for x in _check_state(a0, m0))
+    if not (0.0 < level <= 1.0 and t_max > 0):
+        raise ValueError(f"need 0 < level ≤ 1 and t_max > 0, got {level!r}, {t_max!r}")
+    if abs(m0) >= level:
+        return 0.0
+    moments = _batch_moments(act)
+
+    def rhs(_t, y):
+        return _drift(moments, mu, y[:1], y[1:], renorm).ravel()
+
+    def hit(_t, y):
+        return abs(y[1]) - level
+
+    hit.terminal, hit.direction = True, 1
+    sol = solve_ivp(rhs, (0.0, float(t_max)), [a0, m0], method="DOP853", events=hit,
+                    rtol=1e-9, atol=1e-15)
+    if not sol.success:
+        raise RuntimeError(f"flow_crossing_time: the solver failed from ({a0}, {m0}): "
+                           f"{sol.message}")
+    return float(sol.t_events[0][0]) if sol.t_events[0].size else math.inf

@@ -42,7 +42,8 @@ def _targets() -> str:
 
 
 @click.command("reproduce", epilog=_targets(),
-               short_help="Reproduce the paper's App. B figures (fig1 … fig6) and its separation.")
+               short_help="Reproduce the paper's App. B figures (fig1 … fig6), its separation "
+                          "and pretraining-hurts.")
 @click.argument("figures", nargs=-1, required=True,
                 type=click.Choice([*FIGURES, *MEASUREMENTS, "all"]))
 @click.option("--quick", is_flag=True,
@@ -65,8 +66,9 @@ def _targets() -> str:
               help="Replace a file in --out-dir that is not this figure's sweep file or "
                    "figure (refused otherwise; a sweep file is resumed).")
 def reproduce(figures, quick, out_dir, scheduler, update, readme, convention, force):
-    """Reproduce FIGURES (fig1 … fig6 of the paper's App. B, or all) or the separation of
-    Claim 2 / Theorem 19 (separation: a measurement over d, unit convention only)."""
+    """Reproduce FIGURES (fig1 … fig6 of the paper's App. B, or all), the separation of
+    Claim 2 / Theorem 19 (a measurement over d) or pretraining-hurts (Nwemadji–Loureiro–
+    Barbier's steps to |⟨v, u⟩| = μ against μ); the last two: unit convention only."""
     names = list(FIGURES) if "all" in figures else list(dict.fromkeys(figures))
     if "all" not in figures:  # an explicitly named figure the convention cannot run: refuse
         for name in names:  # before computing any

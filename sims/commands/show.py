@@ -213,6 +213,37 @@ def _show_separation(file, as_json) -> None:
         click.echo(line)
 
 
+def _pretraining_format() -> str:
+    from sims.experiments.pretraining_hurts import FORMAT
+
+    return FORMAT
+
+
+def _show_pretraining(file, as_json) -> None:
+    """A ``reproduce pretraining-hurts`` file: its provenance and the table of its points."""
+    from sims.experiments.pretraining_hurts import (
+        TABLE_HEAD,
+        read_hurts,
+        summary_lines,
+        table_rows,
+    )
+
+    with open_hdf5(file) as f:
+        meta = plain_attrs(f)
+    keys = SWEEP_HEADER + ("runs", "seed", "complete", "published_source")
+    result = read_hurts(file)
+    if as_json:
+        click.echo(json.dumps({key: meta.get(key) for key in keys} | {
+            "settings": json.loads(meta.get("config") or "{}"),
+            "table": [dict(zip(TABLE_HEAD, row, strict=True)) for row in table_rows(result)]},
+            default=_plain, ensure_ascii=False))
+        return
+    for key in keys:
+        click.echo(f"{key:16s} {meta.get(key)}")
+    for line in summary_lines(result):
+        click.echo(line)
+
+
 def describe_unfinished(path) -> dict:
     """What a resume file says of its unfinished run (:func:`sims.io.resume.describe_resume`)
     plus its progress as a fraction."""
@@ -269,6 +300,9 @@ def show(file, as_json):
         return
     if fmt != TRAJECTORY_FORMAT and fmt == _separation_format():
         _show_separation(file, as_json)
+        return
+    if fmt != TRAJECTORY_FORMAT and fmt == _pretraining_format():
+        _show_pretraining(file, as_json)
         return
     info = describe(file)
     unfinished = describe_unfinished(saved) if is_resume_file(saved) else None

@@ -6,7 +6,8 @@ of the same stem with :func:`render` and, if asked, records the figure, its exac
 the convention and the wall time in a section of ``<out_dir>/README.md`` (the rest of the
 README is kept). With ``echo``, the theory audit of the file's cells (:func:`audit_table`:
 every theory line against the SGD mean of its runs, as the cells store it; issue 40) follows.
-A target of ``MEASUREMENTS`` (``separation``: Claim 2 / Theorem 19, issue 38) is no sweep: its
+A target of ``MEASUREMENTS`` (``separation``: Claim 2 / Theorem 19, issue 38;
+``pretraining-hurts``: issue 39) is no sweep: its
 module measures, writes ``<out_dir>/<name>[_quick].h5`` and draws the ``.png``.
 
 ``convention`` is the instance key of ``dynamics.instances.instance``: ``unit`` (default: the
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from dynamics.overlays.audit import Audit, fmt_value, stored_audits
 from sims.experiments.figures import FIGURES, Recipe
+from sims.experiments.figures import pretraining_hurts as pretraining_hurts_target
 from sims.experiments.figures import separation as separation_target
 from sims.experiments.figures.recipe import CONVENTION_TEXT, convention_caption, with_convention
 from sims.experiments.sweep import run_sweep
@@ -53,7 +55,8 @@ __all__ = ["FIGURES", "MEASUREMENTS", "CONVENTIONS", "ReproduceResult", "reprodu
 CONVENTIONS = tuple(CONVENTION_TEXT)
 #: targets that are measurements, not sweeps (run by their module's ``reproduce``; unit
 #: convention only; not in ``all``)
-MEASUREMENTS = {separation_target.NAME: separation_target}
+MEASUREMENTS = {separation_target.NAME: separation_target,
+                pretraining_hurts_target.NAME: pretraining_hurts_target}
 
 
 @dataclass
@@ -107,7 +110,8 @@ def check_convention(recipe: Recipe, convention: str) -> None:
 
     _suffix(convention, "")
     if recipe.name in MEASUREMENTS and convention != "unit":
-        raise ValueError(f"{recipe.name} runs on the Claim 2 instance in the unit-row "
+        where = getattr(MEASUREMENTS[recipe.name], "INSTANCE", "the Claim 2 instance")
+        raise ValueError(f"{recipe.name} runs on {where} in the unit-row "
                          f"convention only, not {convention!r}")
     learner = get_learner(recipe.learner or default_learner())
     if convention not in learner.conventions:
