@@ -23,6 +23,8 @@ from hermite.activations_numba import sigma, sigma_and_deriv
 __all__ = ["LbHyper", "work_arrays", "draw", "step", "overlap", "cholesky", "init_factors",
            "advance_block"]
 
+PSD_TOL = 1e-12  # relative size of a pivot of S counted as zero (round-off of S′'s sums)
+
 LbHyper = namedtuple("LbHyper", ["code", "hp", "asc", "scale", "eta", "lr_ratio", "train_a",
                                  "batch", "noise_sd", "rest_dof", "n_steps", "stop_level"])
 LbHyper.__doc__ = """Settings of one call: σ(asc·x) by (code, p, asc); s = α/r; η; η_B/η_A;
@@ -40,19 +42,30 @@ def _copy(out, a, factor):
 
 @njit(cache=True, inline="always")
 def cholesky(s, out):
-    """Lower-triangular out with out·outᵀ = s (r×r); False where s is not positive definite."""
+    """Lower-triangular out with out·outᵀ = s (r×r, positive semi-definite): a pivot within
+    ``PSD_TOL`` of s's largest diagonal entry is a zero column (A_⊥ has lost a direction: with
+    r > the rank the teacher needs, the unused directions of A's rest contract and S tends to
+    a singular matrix, as A does in R^d); False where s is not positive semi-definite (a
+    pivot below −``PSD_TOL`` of that scale, or NaN)."""
     r = s.shape[0]
+    scale = 0.0
+    for i in range(r):
+        scale = max(scale, abs(s[i, i]))
+    tol = PSD_TOL * scale
     for i in range(r):
         for j in range(i + 1):
             acc = s[i, j]
             for q in range(j):
                 acc -= out[i, q] * out[j, q]
             if i == j:
-                if not acc > 0.0:
+                if acc > tol:
+                    out[i, i] = math.sqrt(acc)
+                elif acc >= -tol:
+                    out[i, i] = 0.0
+                else:
                     return False
-                out[i, i] = math.sqrt(acc)
             else:
-                out[i, j] = acc / out[j, j]
+                out[i, j] = acc / out[j, j] if out[j, j] > 0.0 else 0.0
         for j in range(i + 1, r):
             out[i, j] = 0.0
     return True
