@@ -218,3 +218,48 @@ def test_reproduce_prints_the_audit_table(tmp_path, monkeypatch):
     assert table[-1].startswith("fig2: ") and table[-1].endswith(
         " of 6 theory lines within tolerance")
     assert ["joint_c=True", "ode_c_overlap", "c_overlap"] in [ln.split()[:3] for ln in table]
+
+
+def test_a_line_outside_beside_one_within_is_not_drawn(tmp_path):
+    """dynamics.overlays.audit.not_drawn: of two lines of one quantity, the one outside
+    tolerance (on ≥ MIN_RUNS runs) is marked when the other is within; not on 3 runs, not
+    where both fail, never across quantities. The writer stores the mark (``not_drawn``), the
+    figures' sources skip it and name why, the data stay."""
+    from dynamics.overlays.audit import MIN_RUNS, mark_not_drawn, not_drawn
+    from dynamics.runtime.trajectory import Trajectory
+    from sims.plots.curves import _source, left_out_notes, load_curves
+
+    sgd, theory = _noisy(0.0, runs=16)
+    good = audit_line("ode_corrected", LINES["ode_corrected"], STEPS, sgd, theory)
+    bad = audit_line("ode", LINES["ode"], STEPS, sgd, theory - 0.2)
+    c_bad = audit_line("extra/ode_c_overlap", LINES["extra/ode_c_overlap"], STEPS, sgd,
+                       theory - 0.2)
+    assert good.passed and not bad.passed and not c_bad.passed
+    marks = not_drawn({"ode": bad, "ode_corrected": good, "extra/ode_c_overlap": c_bad})
+    assert list(marks) == ["ode"] and "`ode_corrected` is within" in marks["ode"]
+    assert not_drawn({"ode": bad, "extra/ode_c_overlap": c_bad}) == {}  # none within
+    few = audit_line("ode", LINES["ode"], STEPS, sgd[:MIN_RUNS - 1], theory[:MIN_RUNS - 1] - 0.2)
+    assert not few.passed and not_drawn({"ode": few, "ode_corrected": good}) == {}
+
+    runs = sgd.shape[0]
+    traj = Trajectory(STEPS, sgd, np.ones_like(sgd), theory - 0.2, np.full(runs, -1),
+                      np.ones(runs), np.zeros(runs), ode_corrected=theory)
+    assert list(mark_not_drawn(traj)) == ["ode"]
+    assert _source(traj, "ode") is None and _source(traj, "ode_corrected") is not None
+    assert np.array_equal(traj.ode, theory - 0.2)  # the values stay
+    curve = load_curves([_write(tmp_path / "t.h5", traj)])[0]
+    assert "not_drawn" in curve.traj.extra_attrs["ode"]
+    assert _source(curve.traj, "ode") is None and np.isfinite(curve.traj.ode).all()
+    assert any("`ode` not drawn" in note for note in left_out_notes([curve], "abs_overlap"))
+
+
+def _write(path, traj):
+    """A trajectory file of ``traj`` (a finetune config of its size)."""
+    from dynamics.setup.config import RunConfig
+    from sims.io.trajectory import write_trajectory
+
+    runs, cps = traj.overlap.shape
+    config = RunConfig(instance={"activation": "relu", "k": 2, "d": 20, "xi": 1.0},
+                       runs=runs, steps=int(traj.steps[-1]), checkpoints=cps)
+    write_trajectory(path, traj, config, config.run_instances())
+    return path

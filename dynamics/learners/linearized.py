@@ -37,8 +37,8 @@ run's value, which the runs' spread cannot show); extra ``delta_norm`` = ‖Δ�
 is trained. Theory (:func:`_theory`): the mean ODE (``ode``, ``ode_loss_true``,
 ``ode_loss_linear``) and the floors; rank 1 with û projected, also the finite-η corrected lines
 ``ode_corrected``, ``ode_corrected_loss_true``, ``ode_corrected_loss_linear``
-(``hermite.finite_d.linearized_corrected``), and then a plain line outside the audit's
-tolerance is left out (:func:`_keep_plain`).
+(``hermite.finite_d.linearized_corrected``); a line outside the audit's tolerance beside
+one within is not drawn (``dynamics.overlays.audit.not_drawn``).
 """
 
 from __future__ import annotations
@@ -58,8 +58,6 @@ from dynamics.learners.options import LowRankOptions, option
 from dynamics.learners.problem import Problem, per_run, rowmat
 from dynamics.measures.network_loss import network_loss
 from dynamics.measures.observables import c_overlap, group_runs
-from dynamics.overlays.audit import fmt_value
-from dynamics.runtime.trajectory import mask_dead
 
 torch = lazy_import("torch")  # loaded at its first use
 
@@ -540,8 +538,7 @@ def _theory_group(result, inst, idx, full_rank, curves, floors, notes) -> None:
 def _trajectory(result: RunResult, overlap, delta, c_ov, full_rank: bool = False):
     """The Trajectory of either parameterisation from Δ (R, C, k, D) in a reduced basis, with
     the linear model's exact theory (:func:`_theory`) and, rank 1 projected, its finite-η
-    corrected lines (:func:`_corrected_theory`; a plain line outside the audit's tolerance
-    is then left out, :func:`_keep_plain`)."""
+    corrected lines (:func:`_corrected_theory`)."""
     insts = result.instances
     theory, extra, attrs = _theory(result, full_rank)
     loss = true_loss(insts, delta)
@@ -553,16 +550,8 @@ def _trajectory(result: RunResult, overlap, delta, c_ov, full_rank: bool = False
             theory["ode_corrected"] = corrected.pop("ode_corrected")
             extra |= corrected
             attrs |= corr_attrs
-            sgd = {"ode": overlap, "ode_loss_true": loss, "ode_loss_linear": extra["loss_linear"]}
-            _keep_plain(result, theory, extra, attrs, sgd)
     return make_trajectory(result, overlap, loss, loss_kind="exact",
                            c_overlap=c_ov, extra=extra, theory=theory, extra_attrs=attrs)
-
-
-# the plain lines and the finite-η corrected lines that replace them (HDF5 paths)
-CORRECTED_PAIRS = {"ode": "ode_corrected",
-                   "extra/ode_loss_true": "extra/ode_corrected_loss_true",
-                   "extra/ode_loss_linear": "extra/ode_corrected_loss_linear"}
 
 
 def corrected_seconds(runs: int, k: int, checkpoints: int, rk4_steps: int) -> float:
@@ -650,33 +639,3 @@ def _corrected_theory(result: RunResult) -> tuple[dict, dict]:
                                                   "given the moments)", "ode": "corrected"}
              | meta}
     return out, attrs
-
-
-AUDIT_MIN_RUNS = 4  # a plain line is judged on at least this many runs (fewer: an SE of < 3
-# degrees of freedom)
-
-
-def _keep_plain(result: RunResult, theory: dict, extra: dict, attrs: dict, sgd: dict) -> None:
-    """Leave out (NaN, with why in its ``no_theory`` attribute) each plain first-order line
-    whose audit against these runs (``dynamics.overlays.audit``, on ≥ ``AUDIT_MIN_RUNS``
-    runs) is outside tolerance while its corrected line is recorded: it must not be read as
-    the theory there."""
-    from dynamics.overlays.audit import LINES, audit_line
-
-    for plain, corr in CORRECTED_PAIRS.items():
-        name, cname = plain.removeprefix("extra/"), corr.removeprefix("extra/")
-        where = theory if plain == "ode" else extra
-        cvalue = theory.get(cname) if corr == "ode_corrected" else extra.get(cname)
-        if cvalue is None or not np.isfinite(cvalue).any() or where.get(name) is None:
-            continue
-        audit = audit_line(plain, LINES[plain], result.steps, mask_dead(result, sgd[name]),
-                           where[name])
-        if audit.runs < AUDIT_MIN_RUNS or audit.passed:
-            continue
-        why = (f"plain first-order line `{name}` left out: outside the audit tolerance against "
-               f"these runs (max |Δ| {audit.max_abs:.3g} at step {audit.at_step}, "
-               f"{fmt_value(audit.max_se, '.2g')} SE; docs/theory/audit.md); read "
-               f"`{cname}`, the finite-η corrected line")
-        where[name] = np.full_like(np.asarray(where[name], dtype=float), np.nan)
-        attrs.setdefault(name, {})["no_theory"] = why
-        print(f"note: {why}", file=sys.stderr)

@@ -23,6 +23,13 @@ Reported:
 
 The writers store an audit as attributes of the theory dataset (:meth:`Audit.attrs`,
 ``docs/hdf5-schema.md``); :meth:`Audit.text` is the line ``loradyn run`` prints.
+
+Lines not drawn (:func:`not_drawn`): where several theory lines predict the same SGD quantity
+of the same runs and at least one of them is within tolerance, each one outside it (audited on
+at least ``MIN_RUNS`` runs) gets the attribute ``not_drawn`` saying so and naming the lines to
+read; its values stay in the file and its audit in the tables, the figures leave it out and
+their legend says why (issue 40: every line drawn is within tolerance, no curve loses its
+last line).
 """
 
 from __future__ import annotations
@@ -37,12 +44,14 @@ import numpy as np
 __all__ = ["Line", "LINES", "NOT_AUDITED", "Audit", "ATTRS", "SE_TOLERANCE", "FLOOR",
            "LEVEL", "EPS", "fmt_value", "array_of", "paired_difference", "tolerance",
            "passage_steps", "passage_ratio", "audit_line", "audit_trajectory",
-           "stored_audits"]
+           "stored_audits", "not_drawn", "mark_not_drawn", "MIN_RUNS"]
 
 SE_TOLERANCE = 4.0  # |D̄| within this many paired standard errors …
 FLOOR = 0.03  # … or within this floor (overlaps: absolute; losses: relative to the SGD mean)
 LEVEL = 0.5  # the first-passage level of the passage ratio
 EPS = 1e-12  # the smallest SE divided by (the guard of |D̄|/SE)
+MIN_RUNS = 4  # a line is left out of a figure only on an audit of at least this many runs
+# (fewer: an SE from under 3 degrees of freedom)
 
 
 class Line(NamedTuple):
@@ -269,4 +278,37 @@ def stored_audits(traj) -> dict[str, Audit]:
             out[name] = Audit.from_attrs(name, attrs, traj.runs)
         elif (audit := _audit_of(traj, name, line)) is not None:
             out[name] = audit
+    return out
+
+
+def not_drawn(audits: dict[str, Audit]) -> dict[str, str]:
+    """{line: why} for the lines of ``audits`` a figure leaves out (module docstring): outside
+    tolerance on ≥ ``MIN_RUNS`` runs where another line of the same SGD quantity is within."""
+    groups: dict[str, list[Audit]] = {}
+    for audit in audits.values():
+        if audit.runs >= MIN_RUNS:
+            groups.setdefault(audit.quantity, []).append(audit)
+    out = {}
+    for members in groups.values():
+        good = [a.names[0] for a in members if a.passed]
+        if not good:
+            continue
+        for a in members:
+            if not a.passed:
+                out[a.line] = (f"`{a.names[0]}` not drawn: outside the audit's tolerance "
+                               f"against these runs (max |Δ| {a.max_abs:.3g} at step "
+                               f"{a.at_step}, {fmt_value(a.max_se, '.2g')} SE) where "
+                               f"{', '.join(f'`{n}`' for n in good)} "
+                               f"{'is' if len(good) == 1 else 'are'} within: read "
+                               f"{'it' if len(good) == 1 else 'them'}")
+    return out
+
+
+def mark_not_drawn(traj, audits: dict[str, Audit] | None = None) -> dict[str, str]:
+    """Set the attribute ``not_drawn`` (:func:`not_drawn`) in ``traj.extra_attrs`` of each
+    line a figure leaves out, from ``audits`` (default: :func:`audit_trajectory`); returns
+    them."""
+    out = not_drawn(audit_trajectory(traj) if audits is None else audits)
+    for line, why in out.items():
+        traj.extra_attrs.setdefault(line.removeprefix("extra/"), {})["not_drawn"] = why
     return out

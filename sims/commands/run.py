@@ -260,7 +260,10 @@ def _summary_line(traj, notes) -> str:
 def _audit_lines(traj) -> list[str]:
     """One line per theory line: its audit against the SGD mean (issue 40; the numbers the
     file stores, :mod:`dynamics.overlays.audit`)."""
-    return [audit.text() for audit in audit_trajectory(traj).values()]
+    hidden = {line for line, attrs in traj.extra_attrs.items() if "not_drawn" in attrs}
+    return [audit.text() + ("; not drawn in the plot (another line of its quantity is within)"
+                            if line.removeprefix("extra/") in hidden else "")
+            for line, audit in audit_trajectory(traj).items()]
 
 
 @dataclass(frozen=True)

@@ -252,11 +252,18 @@ def _short(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _audit_row(label: str, audit: Audit) -> tuple:
+def _audit_row(label: str, audit: Audit, drawn: bool = True) -> tuple:
     return (label, *audit.names, fmt_value(audit.max_abs, ".3g"), str(audit.at_step),
             fmt_value(audit.max_se, ".2g"),
             fmt_value(audit.passage_ratio, ".3g") if audit.kind == "overlap" else "-",
-            f"{audit.runs}/{audit.total}", audit.verdict())
+            f"{audit.runs}/{audit.total}",
+            audit.verdict() + ("" if drawn else " (not drawn)"))
+
+
+def _drawn(cell, line: str) -> bool:
+    """Whether a cell's figure draws its theory ``line`` (no ``not_drawn`` attribute:
+    :func:`dynamics.overlays.audit.not_drawn`)."""
+    return "not_drawn" not in cell.traj.extra_attrs.get(line.removeprefix("extra/"), {})
 
 
 def audit_table(h5, name: str = "") -> list[str]:
@@ -264,11 +271,13 @@ def audit_table(h5, name: str = "") -> list[str]:
     and theory line (max |Δ| = max over checkpoints of |mean over runs of SGD − theory|, its
     step, the largest |Δ|/SE, the median first-passage ratio t½(SGD)/t½(theory), the runs
     used, the verdict against max(4 SE, 0.03) (losses: 0.03·|SGD mean|)) and the count
-    ``N of M theory lines within tolerance``; one line where no cell has a theory line."""
+    ``N of M theory lines within tolerance`` (``… (not drawn)``: a line the figure leaves out
+    where another line of the same quantity is within, and the count of the lines drawn);
+    one line where no cell has a theory line."""
     _, cells = read_sweep(h5)
-    rows = [_audit_row(label, audit) for label, cell in zip(_cell_labels(cells), cells,
-                                                            strict=True)
-            for audit in stored_audits(cell.traj).values()]
+    rows = [_audit_row(label, audit, _drawn(cell, line))
+            for label, cell in zip(_cell_labels(cells), cells, strict=True)
+            for line, audit in stored_audits(cell.traj).items()]
     who = f"{name}: " if name else ""
     if not rows:
         return [f"{who}theory audit: no cell records a theory line"]
@@ -278,7 +287,10 @@ def audit_table(h5, name: str = "") -> list[str]:
     lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
               for r in (AUDIT_HEAD, *rows)]
     within = sum(r[-1] == "within tolerance" for r in rows)
-    lines.append(f"{who}{within} of {len(rows)} theory lines within tolerance")
+    hidden = sum(r[-1].endswith("(not drawn)") for r in rows)
+    drawn = (f"; {within} of the {len(rows) - hidden} drawn ({hidden} outside, not drawn: "
+             "another line of their quantity is within)" if hidden else "")
+    lines.append(f"{who}{within} of {len(rows)} theory lines within tolerance{drawn}")
     return lines
 
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from dynamics.instances.instance import distinct_instances
 from dynamics.overlays.audit import ATTRS as AUDIT_ATTRS
-from dynamics.overlays.audit import audit_trajectory
+from dynamics.overlays.audit import audit_trajectory, mark_not_drawn
 from dynamics.runtime.trajectory import Trajectory
 from sims.io.atomic import hdf5_writer
 
@@ -248,6 +248,8 @@ def write_trajectory(path, traj: Trajectory, config, instances=None, *,
     if interrupted_at is not None:
         meta |= {INTERRUPTED_ATTR: True, "interrupted_at_step": int(interrupted_at),
                  "interrupted_by": str(interrupted_by)}
+    audits = audit_trajectory(traj)
+    mark_not_drawn(traj, audits)  # the lines a figure leaves out (their ``not_drawn``)
     with hdf5_writer(path) as f:
         write_info(f, meta | (attrs or {}))
         for name in DATASETS:
@@ -263,7 +265,7 @@ def write_trajectory(path, traj: Trajectory, config, instances=None, *,
             ds = create_checked(f, f"extra/{name}", arr)
             for key, val in getattr(traj, "extra_attrs", {}).get(name, {}).items():
                 ds.attrs[key] = val
-        for name, audit in audit_trajectory(traj).items():
+        for name, audit in audits.items():
             f[name].attrs.update(audit.attrs())
         f.attrs[COMPLETE_ATTR] = True
     return path

@@ -111,7 +111,7 @@ THEORY["loss"] += ("extra:ode_corrected_loss_true",)  # … and its finite-η co
 THEORY["loss_linear"] = ("extra:ode_loss_linear", "extra:ode_corrected_loss_linear",
                          "extra:floor_linear")
 # a theory dataset's attributes: why a line is missing (``partial``: for some runs only)
-LEFT_OUT = ("no_theory", "corrected", "partial")
+LEFT_OUT = ("no_theory", "corrected", "partial", "not_drawn")
 THEORY_ZORDER = 3  # above the medians (Line2D default 2) and bands
 REFERENCE_LABELS = {
     "matrix_ode": "matrix ODE (σ_a of its M_t)",
@@ -327,8 +327,14 @@ def describe(curves) -> str:
 
 # ---------------------------------------------------------------- drawing
 def _source(traj: Trajectory, source: str):
+    """A curve's array by plot source (``extra:NAME`` or a field); None where absent or where
+    it is a theory line the audit left out of figures (its ``not_drawn`` attribute,
+    :func:`dynamics.overlays.audit.not_drawn`)."""
+    name = source.removeprefix("extra:")
+    if "not_drawn" in getattr(traj, "extra_attrs", {}).get(name, {}):
+        return None
     if source.startswith("extra:"):
-        return traj.extra.get(source[len("extra:"):])
+        return traj.extra.get(name)
     return getattr(traj, source, None)
 
 
@@ -586,10 +592,10 @@ def _draw(ax, curve, line: _CurveLook, quantity, axes: PanelAxes, panel: _Panel)
     what = line.what
     if quantity in ("overlap", "abs_overlap"):
         t = curve.traj
-        if _median_line(ax, xs, t.ode, keep, color, quantity, panel, f"population ODE{what}",
-                        lw=1.4, ls="--"):
+        if _median_line(ax, xs, _source(t, "ode"), keep, color, quantity, panel,
+                        f"population ODE{what}", lw=1.4, ls="--"):
             theory.add("ode")
-        if _median_line(ax, xs, getattr(t, "ode_corrected", None), keep, color, quantity,
+        if _median_line(ax, xs, _source(t, "ode_corrected"), keep, color, quantity,
                         panel, f"corrected ODE{what}", lw=1.2, ls="-."):
             theory.add("corrected")
         if quantity == "overlap" and _theory_band(ax, xs, getattr(t, "band_lower", None),
