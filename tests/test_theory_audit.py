@@ -247,7 +247,9 @@ def test_a_line_outside_beside_one_within_is_not_drawn(tmp_path):
     assert list(mark_not_drawn(traj)) == ["ode"]
     assert _source(traj, "ode") is None and _source(traj, "ode_corrected") is not None
     assert np.array_equal(traj.ode, theory - 0.2)  # the values stay
-    curve = load_curves([_write(tmp_path / "t.h5", traj)])[0]
+    path = _write(tmp_path / "t.h5", traj)
+    assert "not_drawn" in read_trajectory(path)[0].extra_attrs["ode"]  # the readers keep it
+    curve = load_curves([path])[0]
     assert "not_drawn" in curve.traj.extra_attrs["ode"]
     assert _source(curve.traj, "ode") is None and np.isfinite(curve.traj.ode).all()
     assert any("`ode` not drawn" in note for note in left_out_notes([curve], "abs_overlap"))

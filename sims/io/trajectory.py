@@ -353,7 +353,8 @@ def plain_attrs(obj) -> dict:
     return out
 
 
-KEPT_ATTRS = ("note", *AUDIT_ATTRS)  # of a schema dataset, read back into extra_attrs
+KEPT_ATTRS = ("note", "not_drawn", *AUDIT_ATTRS)  # of a schema dataset, read back into
+# extra_attrs
 
 
 def dataset_attrs(group) -> dict:
