@@ -242,9 +242,14 @@ def test_a_line_outside_beside_one_within_is_not_drawn(tmp_path):
     assert not few.passed and not_drawn({"ode": few, "ode_corrected": good}) == {}
 
     runs = sgd.shape[0]
+    shared = {"ode": {"note": "plain"}}  # the cells of a sweep batch share their attributes
     traj = Trajectory(STEPS, sgd, np.ones_like(sgd), theory - 0.2, np.full(runs, -1),
-                      np.ones(runs), np.zeros(runs), ode_corrected=theory)
+                      np.ones(runs), np.zeros(runs), ode_corrected=theory, extra_attrs=shared)
+    other = Trajectory(STEPS, sgd, np.ones_like(sgd), theory, np.full(runs, -1),
+                       np.ones(runs), np.zeros(runs), ode_corrected=theory, extra_attrs=shared)
     assert list(mark_not_drawn(traj)) == ["ode"]
+    assert shared == {"ode": {"note": "plain"}} and mark_not_drawn(other) == {}
+    assert "not_drawn" not in other.extra_attrs["ode"]  # no mark leaks to another cell
     assert _source(traj, "ode") is None and _source(traj, "ode_corrected") is not None
     assert np.array_equal(traj.ode, theory - 0.2)  # the values stay
     path = _write(tmp_path / "t.h5", traj)

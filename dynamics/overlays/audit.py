@@ -309,6 +309,10 @@ def mark_not_drawn(traj, audits: dict[str, Audit] | None = None) -> dict[str, st
     line a figure leaves out, from ``audits`` (default: :func:`audit_trajectory`); returns
     them."""
     out = not_drawn(audit_trajectory(traj) if audits is None else audits)
-    for line, why in out.items():
-        traj.extra_attrs.setdefault(line.removeprefix("extra/"), {})["not_drawn"] = why
+    if out:  # new dicts: the cells of one sweep batch share the batch's attributes
+        attrs = dict(traj.extra_attrs)
+        for line, why in out.items():
+            key = line.removeprefix("extra/")
+            attrs[key] = attrs.get(key, {}) | {"not_drawn": why}
+        traj.extra_attrs = attrs
     return out
