@@ -248,3 +248,26 @@ def test_a_signal_a_callback_swallows_is_raised_again_at_the_next_safe_point():
             raise_if_signalled()
     assert continued and ref() is None
     raise_if_signalled()  # cleared when the context exits
+
+
+def test_a_signal_inside_an_hdf5_write_is_still_a_signal():
+    """The handler's Interrupted raised inside h5py's file-object callbacks comes out as a
+    SystemError caused by it (seen once when Ctrl-C landed while a sweep file was being
+    rebuilt): interrupt_signal finds the signal in the chain, and nothing else."""
+    import signal as signals
+
+    from dynamics.engines.engine import Interrupted, interrupt_signal
+
+    def wrapped(signum):
+        try:
+            try:
+                raise Interrupted(signum)
+            except Interrupted as inner:
+                raise SystemError("returned a result with an exception set") from inner
+        except SystemError as outer:
+            return outer
+
+    assert interrupt_signal(wrapped(signals.SIGTERM)) == signals.SIGTERM
+    assert interrupt_signal(KeyboardInterrupt()) == signals.SIGINT
+    assert interrupt_signal(SystemError("unrelated")) is None
+    assert interrupt_signal(ValueError("no")) is None

@@ -66,7 +66,8 @@ torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["simulate", "simulate_full", "start", "drive_chain", "FullRun", "choose_engine",
            "initial_directions", "chunk_schedule", "iter_chunk_schedule", "Interruption",
-           "Interrupted", "interruptible", "raise_if_signalled", "TEST_INTERRUPT_ENV"]
+           "Interrupted", "interruptible", "raise_if_signalled", "interrupt_signal",
+           "TEST_INTERRUPT_ENV"]
 
 TEST_INTERRUPT_ENV = "LORADYN_TEST_INTERRUPT_AFTER_CHUNKS"  # test hook (module docstring)
 TEST_SIGNAL_ENV = "LORADYN_TEST_INTERRUPT_SIGNAL"  # INT (default), TERM or KILL
@@ -130,6 +131,19 @@ def interruptible(keep: bool = True) -> Iterator[Interruption]:
         _RAISED[0] = None
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def interrupt_signal(exc: BaseException) -> int | None:
+    """The signal of an :class:`Interrupted` (or KeyboardInterrupt: SIGINT) that is ``exc``
+    or caused it — the handler's exception comes out of C callbacks (h5py's file-object
+    writes) wrapped in a SystemError — else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            return getattr(exc, "signum", int(signal.SIGINT))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def raise_if_signalled() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import h5py
 
-from dynamics.engines.engine import raise_if_signalled
+from dynamics.engines.engine import interrupt_signal, raise_if_signalled
 from dynamics.runtime.progress import progress_bar
 from sims.experiments.sweep_batch import MAX_BATCH_RUNS, plan_batches, run_batch
 from sims.experiments.sweep_spec import SweepSpec
@@ -146,8 +146,10 @@ def run_sweep(spec: SweepSpec, out, *, scheduler: str | None = None, batch: bool
                         _write_batch(out, batch_, trajs, finished, bar)
                         rebuild_sweep_file(out, spec, cells, finished)
                         raise_if_signalled()  # a signal a callback swallowed
-            except KeyboardInterrupt as exc:  # module docstring
-                signum = getattr(exc, "signum", signal.SIGINT)
+            except (KeyboardInterrupt, SystemError) as exc:  # module docstring
+                signum = interrupt_signal(exc)  # a SystemError: a signal inside h5py's writes
+                if signum is None:
+                    raise
                 done = _rebuild_kept(out, spec, cells)
                 raise SweepInterrupted(len(done), len(cells), signum) from None
             except OSError:  # a write fault: the combined file gets the cells on disk if it
