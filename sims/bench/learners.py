@@ -30,6 +30,8 @@ LEARNER_CASES = {
     "glm": {"learner": "glm"},
     "moment (order 1)": {"learner": "moment"},
     "lora (r = 4)": {"learner": "lora", "rank": 4},
+    "lora-ba (r = 4)": {"learner": "lora-ba", "rank": 4},
+    "pretrained-glm": {"learner": "pretrained-glm"},
 }
 
 
