@@ -83,6 +83,33 @@ def test_passage_of_a_curve_uses_the_absolute_overlap_and_censors_at_the_horizon
     assert p.ode_median == 20.0
 
 
+def test_finite_xi_and_corrected_lines_give_their_medians_over_the_runs_that_have_them():
+    """The finite-ξ line (extra/ode_finite_xi) and the corrected ODE: the median passage over
+    the runs where the line was computed (a line from some starts only: NaN in the others);
+    a line the audit left out of figures (``not_drawn``) gives none, nor is it drawn."""
+    overlap = [[0.0, 0.6, 0.7, 0.8]] * 4
+    curve = hand_curve(overlap, ode=[[0.0, 0.1, 0.6, 0.9]] * 4)
+    nan = [np.nan] * 4
+    curve.traj.extra["ode_finite_xi"] = np.array([[0.0, 0.2, 0.3, 0.6], nan,
+                                                  [0.0, 0.6, 0.7, 0.8], nan])
+    curve.traj.ode_corrected = np.array([[0.0, 0.1, 0.2, 0.3]] * 4)
+    p = passage_of(curve, LEVEL, theory=False)
+    assert p.ode_median == 20.0
+    assert p.finite_xi_median == 20.0  # the median of 30 and 10 (two runs have the line)
+    assert math.isinf(p.corrected_median)  # never reaches the level by the horizon
+    fig, ax = plt.subplots()
+    draw_passage(ax, [curve], x="xi/sqrt(k)", level=LEVEL)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("finite-ξ line" in lab for lab in labels)
+    plt.close(fig)
+    curve.traj.extra_attrs = {"ode_finite_xi": {"not_drawn": "outside tolerance"}}
+    assert math.isnan(passage_of(curve, LEVEL, theory=False).finite_xi_median)
+    fig, ax = plt.subplots()
+    draw_passage(ax, [curve], x="xi/sqrt(k)", level=LEVEL)
+    assert not any("finite-ξ" in t.get_text() for t in ax.get_legend().get_texts())
+    plt.close(fig)
+
+
 def test_passage_leaves_out_diverged_runs():
     overlap = [[0.0, 0.6, 0.7], [0.0, np.nan, np.nan], [0.0, 0.2, 0.6]]
     p = passage_of(hand_curve(overlap, diverged=[-1, 5, -1]), LEVEL, theory=False)

@@ -592,10 +592,10 @@ def test_corrected_ode_over_its_budget_is_drawn_from_fewer_starts_and_says_so(mo
                     joint_c=True)
     full = simulate(cfg)
     cost = overlay.corrected_seconds(cfg, [build_instance(spec)] * 8, full.steps)
-    monkeypatch.setattr(overlay, "CORRECTED_BUDGET_S", cost * 3.5 / 8)  # 3 of 8 runs fit
+    monkeypatch.setattr(overlay, "CORRECTED_BUDGET_S", cost * 3.5 / 8)  # 3 fit: 4 drawn
     tr = simulate(cfg)
     have = np.isfinite(tr.ode_corrected).all(axis=1)
-    assert have.sum() == 3 and not np.isfinite(tr.ode_corrected[~have]).any()
+    assert have.sum() == 4 and not np.isfinite(tr.ode_corrected[~have]).any()
     np.testing.assert_allclose(tr.ode_corrected[have], full.ode_corrected[have], atol=1e-9)
     np.testing.assert_allclose(tr.extra["ode_corrected_c_overlap"][have],
                                full.extra["ode_corrected_c_overlap"][have], atol=1e-9)
@@ -603,7 +603,7 @@ def test_corrected_ode_over_its_budget_is_drawn_from_fewer_starts_and_says_so(mo
     assert tr.m0[have].min() == m0[0] and tr.m0[have].max() == m0[-1]
     assert "from some runs' starts only" in tr.extra_attrs["ode_corrected"]["partial"]
     assert "from some runs' starts" in tr.extra_attrs["ode_corrected_c_overlap"]["partial"]
-    assert "from 3 of 8 runs' starts" in capsys.readouterr().err
+    assert "from 4 of 8 runs' starts" in capsys.readouterr().err
     np.testing.assert_array_equal(tr.ode, full.ode)  # the plain line is untouched
 
 
@@ -612,6 +612,8 @@ def test_budget_starts_spreads_over_the_starts():
 
     mu0 = np.array([0.5, -0.2, 0.1, 0.9, -0.7])
     assert budget_starts(mu0, 0).sum() == 0 and budget_starts(mu0, 9).all()
-    two = budget_starts(mu0, 2)
+    two = budget_starts(mu0, 2, least=1)
     assert set(mu0[two]) == {-0.7, 0.9}
-    assert set(mu0[budget_starts(mu0, 3)]) == {-0.7, 0.1, 0.9}
+    assert set(mu0[budget_starts(mu0, 3, least=1)]) == {-0.7, 0.1, 0.9}
+    # a line drawn at all is drawn from at least MIN_RUNS = 4 starts, which its audit judges
+    assert budget_starts(mu0, 1).sum() == 4 and budget_starts(mu0[:3], 1).sum() == 3

@@ -138,6 +138,12 @@ def test_the_overlay_draws_the_line_where_xi_is_of_order_root_d(monkeypatch):
     assert "partial" not in attrs["ode_finite_xi"]
     monkeypatch.setattr(overlay, "FINITE_XI_BUDGET_S", 1e-9)
     extra, attrs = overlay.finite_xi_lines(config, instances, steps, start)
+    # one start per instance fits; a line is drawn from at least MIN_RUNS = 4 (all 2 here)
+    assert np.isfinite(extra["ode_finite_xi_c_overlap"][2:, -1]).all()
+    assert "partial" not in attrs["ode_finite_xi"]
+    monkeypatch.setattr(overlay, "budget_starts",
+                        lambda mu0, n, _f=overlay.budget_starts: _f(mu0, n, least=1))
+    extra, attrs = overlay.finite_xi_lines(config, instances, steps, start)
     drawn = np.isfinite(extra["ode_finite_xi_c_overlap"][:, -1])
     assert drawn.tolist() == [False, False, True, False, True, False] or \
         drawn.tolist() == [False, False, False, True, False, True]

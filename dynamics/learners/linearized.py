@@ -601,6 +601,7 @@ def _corrected_theory(result: RunResult) -> tuple[dict, dict]:
     chosen, meta = np.ones(runs, dtype=bool), {}
     if cost > CORRECTED_BUDGET_S:
         chosen = budget_starts(mu0, int(runs * CORRECTED_BUDGET_S // cost))
+    if not chosen.all():
         meta["partial"] = (f"finite-η corrected line from {int(chosen.sum())} of {runs} runs' "
                            f"starts (spread over ⟨û₀, u⟩; NaN in the others): all ≈ "
                            f"{cost:.0f} s > {CORRECTED_BUDGET_S:g} s")

@@ -16,7 +16,11 @@ one point per curve (cell, ξ and instance group):
   under m → −m. ``inf`` (the flow settles short of the level) draws no point.
 * theory, dashed: the median over runs of the passage of the ODE recorded beside each run
   (the trajectory's ``ode``, from each run's own start), censored like SGD; dash-dotted, the
-  same of the finite-d corrected ODE (``ode_corrected``) where the file records it.
+  same of the finite-d corrected ODE (``ode_corrected``) where the file records it; dotted,
+  the same of the finite-ξ line (``extra/ode_finite_xi``, E|⟨û, u⟩| of its paths from each
+  run's start) where the file records it. A line the audit left out of figures (its
+  ``not_drawn`` attribute) is left out here too, and a line recorded for some runs only is
+  the median over those runs.
 
 :func:`passage_table` computes the same numbers (:class:`Passage`, one per curve) for reports
 and tests; :func:`format_table` prints them.
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sims.plots.curves import SYMBOL, Curve, _run_mask, quantity_values, widen_for
+from sims.plots.curves import SYMBOL, Curve, _run_mask, _source, quantity_values, widen_for
 
 __all__ = ["Passage", "X_AXES", "first_passage", "censored_quantile", "x_value",
            "theory_passages", "passage_of", "passage_table", "draw_passage", "format_table",
@@ -46,6 +50,7 @@ THEORY_STYLE = {1: {"color": "#b2182b", "marker": "o"}, -1: {"color": "#2166ac",
 SGD_COLOR = "black"
 NUDGE = 1.06  # an ODE median beyond the horizon: its open marker beside SGD's (x × or ÷)
 ODE_COLOR = "#4d4d4d"
+FINITE_XI_COLOR = "#1b7837"
 
 
 def first_passage(values, steps, level: float) -> np.ndarray:
@@ -110,6 +115,7 @@ class Passage:
     ode: np.ndarray  # (R,) the same of the ODE recorded beside each run (NaN: none)
     ode_median: float  # NaN where no run has an ODE
     corrected_median: float = math.nan  # the same of the finite-d corrected ODE, if recorded
+    finite_xi_median: float = math.nan  # the same of the finite-ξ line, if recorded
     theory: dict = field(default_factory=dict)  # sign of m₀ → steps (inf: never)
     theory_note: str | None = None  # why there is no theory line
     m0: np.ndarray | None = None  # the runs' recorded ⟨û₀, u⟩
@@ -165,20 +171,27 @@ def passage_of(curve: Curve, level: float, theory: bool = True) -> Passage:
     steps = np.asarray(traj.steps, dtype=float)
     data = quantity_values(curve, "abs_overlap")
     sgd = first_passage(data, steps, level)
-    ode = first_passage(np.abs(np.asarray(traj.ode, dtype=float)[_run_mask(curve)]), steps,
-                        level)
-    corrected = math.nan
-    if traj.ode_corrected is not None:
-        rows = np.abs(np.asarray(traj.ode_corrected, dtype=float)[_run_mask(curve)])
-        corrected = censored_quantile(first_passage(rows, steps, level), 50)
+    ode = _line_passages(curve, "ode", steps, level)
+    corrected, finite_xi = (censored_quantile(_line_passages(curve, name, steps, level), 50)
+                            for name in ("ode_corrected", "extra:ode_finite_xi"))
     th, note = theory_passages(curve, level) if theory else ({}, "not computed")
     return Passage(
         x=math.nan, runs=int(sgd.size), horizon=float(steps[-1]), sgd=sgd,
         sgd_median=censored_quantile(sgd, 50), sgd_lo=censored_quantile(sgd, 10),
         sgd_hi=censored_quantile(sgd, 90), never=int(np.isinf(sgd).sum()), ode=ode,
-        ode_median=censored_quantile(ode, 50), corrected_median=corrected, theory=th,
+        ode_median=censored_quantile(ode, 50), corrected_median=corrected,
+        finite_xi_median=finite_xi, theory=th,
         theory_note=note,
         m0=np.asarray(traj.overlap, dtype=float)[_run_mask(curve)][:, 0])
+
+
+def _line_passages(curve: Curve, source: str, steps, level: float) -> np.ndarray:
+    """(R,) first passages of a theory line's |·| per run (NaN: no line for that run, or the
+    whole line absent or left out of figures)."""
+    line = _source(curve.traj, source)
+    if line is None:
+        return np.full(int(_run_mask(curve).sum()), np.nan)
+    return first_passage(np.abs(np.asarray(line, dtype=float)[_run_mask(curve)]), steps, level)
 
 
 def passage_table(curves, x: str, level: float, theory: bool = True) -> list[Passage]:
@@ -199,14 +212,14 @@ def format_table(rows, x: str = "xi/sqrt(k)") -> str:
     """A plain-text table of :func:`passage_table`'s rows."""
     head = (f"{x_label(x):>8}  {'SGD median (10–90 %)':>34}  {'never':>6}  "
             f"{'ODE m₀=+d^-½':>13}  {'ODE m₀=−d^-½':>13}  {'per-run ODE med':>15}  "
-            f"{'corrected med':>13}")
+            f"{'corrected med':>13}  {'finite-ξ med':>12}")
     lines = [head]
     for p in rows:
         band = f"{_steps(p.sgd_median)} ({_steps(p.sgd_lo)}–{_steps(p.sgd_hi)})"
         lines.append(f"{p.x:8.3g}  {band:>34}  {p.never:>3}/{p.runs:<2}  "
                      f"{_steps(p.theory.get(1, math.nan)):>13}  "
                      f"{_steps(p.theory.get(-1, math.nan)):>13}  {_steps(p.ode_median):>15}  "
-                     f"{_steps(p.corrected_median):>13}")
+                     f"{_steps(p.corrected_median):>13}  {_steps(p.finite_xi_median):>12}")
     return "\n".join(lines)
 
 
@@ -259,6 +272,15 @@ def draw_passage(ax, curves, x: str, level: float, xscale: str = "log", yscale: 
     if beyond.any():
         ax.plot(xs[beyond] * NUDGE, np.full(beyond.sum(), horizon), ls="none", marker="v", ms=5,
                 mfc="white", color=ODE_COLOR, zorder=3)
+    fxi = np.array([p.finite_xi_median for p in rows])
+    if np.isfinite(fxi).any():  # the finite-ξ line beside each run, where recorded
+        ok = np.isfinite(fxi)
+        ax.plot(xs[ok], fxi[ok], ls=":", lw=1.6, color=FINITE_XI_COLOR, marker="^", ms=4,
+                zorder=3, label="median of the finite-ξ line beside each run")
+    beyond = np.isposinf(fxi)
+    if beyond.any():
+        ax.plot(xs[beyond] * NUDGE**2, np.full(beyond.sum(), horizon), ls="none", marker="^",
+                ms=5, mfc="white", color=FINITE_XI_COLOR, zorder=3)
     # SGD: median and 10–90 % (censored at the horizon)
     med = np.array([p.sgd_median for p in rows])
     lo = np.array([p.sgd_lo for p in rows])
@@ -294,7 +316,8 @@ def draw_passage(ax, curves, x: str, level: float, xscale: str = "log", yscale: 
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:.3g}"))
     finite = [v for p in rows for v in (p.sgd_lo, p.sgd_median, p.ode_median,
-                                        p.corrected_median, *p.theory.values())
+                                        p.corrected_median, p.finite_xi_median,
+                                        *p.theory.values())
               if math.isfinite(v) and v > 0]
     if yscale == "log" and finite:
         ax.set_ylim(min(finite) / 1.6, max(max(finite), horizon) * 2.6)

@@ -45,8 +45,11 @@ RECIPE = Recipe(
             "is not symmetric under m → −m, so both signs are drawn (shaded between). Dashed: "
             "median over runs of the ODE recorded beside each run, from the run's own start "
             "(m₀, its span-W part and ĉ₀); dash-dotted, where the file records it, the same "
-            "of the finite-d corrected ODE (an open marker beside the horizon: that median "
-            "lies beyond it). "
+            "of the finite-d corrected ODE, and dotted (green) that of the finite-ξ line "
+            "(the diffusion of the exact chain, drawn where ξ²/d ≥ 1/4: the regime where the "
+            "d → ∞ ODE leaves out the start's signal ξ·m₀); an open marker beside the horizon: "
+            "that median lies beyond it. A line the audit left out of the figure (outside its "
+            "tolerance against these runs where another line is within) is left out here too. "
             "Convention: " + CONVENTION + ".",
     sweep=sweep,
     panels=lambda quick: (
