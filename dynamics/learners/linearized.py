@@ -581,7 +581,7 @@ def _corrected_theory(result: RunResult) -> tuple[dict, dict]:
     (``corrected``)."""
     from dynamics.overlays.finetune import (
         CORRECTED_BUDGET_S,
-        budget_starts,
+        budget_groups,
         corrected_applies,
         finetune_regime,
     )
@@ -600,7 +600,7 @@ def _corrected_theory(result: RunResult) -> tuple[dict, dict]:
     cost = corrected_seconds(runs, k, steps.size, rk4_steps(insts[0], regime0, steps))
     chosen, meta = np.ones(runs, dtype=bool), {}
     if cost > CORRECTED_BUDGET_S:
-        chosen = budget_starts(mu0, int(runs * CORRECTED_BUDGET_S // cost))
+        chosen = budget_groups(group_runs(insts), mu0, int(runs * CORRECTED_BUDGET_S // cost))
     if not chosen.all():
         meta["partial"] = (f"finite-η corrected line from {int(chosen.sum())} of {runs} runs' "
                            f"starts (spread over ⟨û₀, u⟩; NaN in the others): all ≈ "

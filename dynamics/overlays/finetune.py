@@ -55,6 +55,7 @@ __all__ = [
     "corrected_seconds",
     "finetune_start",
     "initial_drift_sign",
+    "budget_groups",
     "budget_starts",
     "finetune_regime",
     "finite_xi_applies",
@@ -214,7 +215,8 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
     chosen = np.ones(len(instances), dtype=bool)  # the runs whose corrected line is computed
     partial = None  # its ``partial`` attribute where that is some of the runs only
     if cost > CORRECTED_BUDGET_S:
-        chosen = budget_starts(mu0, int(len(instances) * CORRECTED_BUDGET_S // cost))
+        chosen = budget_groups(group_runs(instances), mu0,
+                               int(len(instances) * CORRECTED_BUDGET_S // cost))
         if chosen.all():  # raised to MIN_RUNS starts, which here are all of them
             pass
         elif chosen.any():
@@ -340,9 +342,8 @@ def finite_xi_lines(config, instances: list[Instance], steps, start) -> tuple[di
     chosen = np.ones(len(instances), dtype=bool)
     partial = None
     if cost > FINITE_XI_BUDGET_S:  # the same number of starts in each group, at least one
-        each = max(1, int(FINITE_XI_BUDGET_S // per_run) // len(groups))
-        for _, idx in groups:
-            chosen[idx] = budget_starts(mu0[idx], each)
+        chosen = budget_groups(groups, mu0, max(1, int(FINITE_XI_BUDGET_S // per_run)),
+                               out=chosen)
         if not chosen.all():
             drawn = max(int(chosen[idx].sum()) for _, idx in groups)
             partial = (f"finite-ξ line from {drawn} runs' starts per instance only (spread "
@@ -389,6 +390,21 @@ def budget_starts(mu0, n: int, least: int = MIN_RUNS) -> np.ndarray:
         order = np.argsort(np.asarray(mu0, dtype=float), kind="stable")
         mask[order[np.unique(np.round(np.linspace(0, runs - 1, n)).astype(int))]] = True
     return mask
+
+
+def budget_groups(groups, mu0, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Mask of the runs a line over its budget is drawn from: ``n`` starts shared evenly by
+    the instance ``groups`` ((instance, run indices), :func:`group_runs`), at least one each,
+    by :func:`budget_starts` in each group — so at least ``MIN_RUNS`` (or all) in each, the
+    fewest its audit judges: a sweep batch's cells are audited one by one. ``out``: the mask
+    to fill (runs outside the groups keep their value); none where ``n`` ≤ 0."""
+    chosen = np.zeros(len(mu0), dtype=bool) if out is None else out
+    if n <= 0:
+        return chosen
+    each = max(1, int(n) // max(1, len(groups)))
+    for _, idx in groups:
+        chosen[idx] = budget_starts(mu0[idx], each)
+    return chosen
 
 
 LINES = {"ode": "population ODE", "corrected": "finite-d corrected ODE",
