@@ -5,6 +5,7 @@ against a numpy simulation in R^d), determinism and divergence."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -207,3 +208,151 @@ def test_chain_matches_the_full_engine(d, batch, eta, steps):
     assert min(p.values()) > KS_LEVEL, p
     moved = np.median(full.overlap[:, -1]) / np.median(full.overlap[:, 0])
     assert moved > 3, moved  # the runs escaped the search phase within the test
+
+
+# ---------------------------------------------------------------------- the new options
+def _labels(teacher, squared):
+    sig = get_activation(teacher)
+    return (lambda z: sig.fn(z) ** 2) if squared else sig.fn
+
+
+@pytest.mark.parametrize("teacher,squared", [(None, False), ("he3", False), ("tanh", True)])
+@pytest.mark.parametrize("batch,noise", [(1, 0.0), (4, 0.3)])
+def test_mixed_step_matches_the_step_in_rd(teacher, squared, batch, noise):
+    """Mixed base w₀ = μu + (1 − μ)ζ in d = 12: x_n = xu u + xe e + xw w + r_n with ζ = ρu + ρ̄e,
+    v = mu + pe + rw and r_n ⊥ span(u, e, w); the chain (M2)–(M4) is given (xu, xe, xw, ε)
+    and Q = ‖Σδ_n r_n‖²/Σδ_n²; teacher σ* and squared labels as options."""
+    d, eta, act = 12, 0.37, "erf"
+    rng = np.random.default_rng(9)
+    sig = get_activation(act)
+    label = _labels(teacher or act, squared)
+    s = replace(_settings(act, d, batch, eta, noise),
+                teacher=None if teacher is None else act_code(teacher), squared=squared,
+                mixed=True)
+    for _ in range(5):
+        q_mat, _ = np.linalg.qr(rng.standard_normal((d, d)))
+        u, e, w, rest = q_mat[:, 0], q_mat[:, 1], q_mat[:, 2], q_mat[:, 3:]
+        rho = rng.uniform(-0.5, 0.5)
+        zeta = rho * u + np.sqrt(1 - rho * rho) * e
+        m, p = rng.uniform(-0.7, 0.7, 2)
+        v = m * u + p * e + np.sqrt(1 - m * m - p * p) * w
+        a = rng.normal(0.0, 1.5)
+        xu, xe, xw, eps = (rng.standard_normal(batch) for _ in range(4))
+        r = rng.standard_normal((batch, d - 3)) @ rest.T
+        x = xu[:, None] * u + xe[:, None] * e + xw[:, None] * w + r
+        y = label(x @ u) + np.sqrt(noise) * eps
+        w0 = MU * u + (1 - MU) * zeta
+        lam = x @ (w0 + a * v)
+        delta = (sig.fn(lam) - y) * sig.deriv(lam)
+        v1 = v - eta * a * (delta @ x) / batch
+        v1 /= np.linalg.norm(v1)
+        a1 = a - eta * np.mean(delta * (x @ v))
+        q = float(np.sum((delta @ r) ** 2) / np.sum(delta**2))
+        got = pc.step_given_mixed(s, rho, a, m, float(v @ zeta),
+                                  pc.StepDraws(xu, xe, eps, q, xw))
+        np.testing.assert_allclose(got, (a1, v1 @ u, v1 @ zeta), rtol=0, atol=1e-12)
+
+
+def test_mixed_initial_law():
+    """(M1): ρ and q₀ = ⟨v₀, ζ⟩ have E = 0, E[·²] = 1/d; m₀ is the aligned chain's (the same
+    stream), and (m₀, q₀) are overlaps of a unit vector."""
+    d, runs = 50, 4000
+    mixed = pc.initial_runs(replace(_settings("relu", d, 1, 0.1), mixed=True),
+                            pc.PretrainedStart(1, runs))
+    aligned = pc.initial_runs(_settings("relu", d, 1, 0.1), pc.PretrainedStart(1, runs))
+    np.testing.assert_array_equal(mixed["mpr"][:, 0], aligned["m"])
+    rho, (m, p, r) = mixed["rho"], mixed["mpr"].T
+    np.testing.assert_allclose(m * m + p * p + r * r, 1.0, atol=1e-12)
+    q = rho * m + np.sqrt(1 - rho**2) * p
+    for x in (rho, q, p):
+        assert abs(np.mean(x)) < 4 / np.sqrt(d * runs)
+        assert np.mean(x * x) == pytest.approx(1.0 / d, rel=0.1)
+    assert ks_2samp(rho, m).pvalue > KS_LEVEL and ks_2samp(q, m).pvalue > KS_LEVEL
+
+
+def test_mixed_segments_and_records():
+    settings = replace(_settings("relu", 40, 2, 0.1, 0.05), mixed=True, squared=True)
+    steps = np.array([0, 5, 50, 300])
+    whole = pc.run_chain(settings, pc.PretrainedStart(3, 6), steps)
+    run = pc.PretrainedRun(settings, pc.PretrainedStart(3, 6), steps)
+    for n in (3, 1, 77, 300):
+        run.advance(n)
+    for name in ("a", "m", "q"):
+        np.testing.assert_array_equal(whole.masked(name), run.masked(name))
+    rho = whole.rho
+    m, q = whole.masked("m"), whole.masked("q")
+    assert np.all(m * m + (q - rho[:, None] * m) ** 2 / (1 - rho[:, None] ** 2) <= 1 + 1e-12)
+    assert not np.array_equal(m[:, -1], m[:, 0])
+
+
+# (option, σ, d, b, η, steps): the runs' median |m| grows > 3-fold by the horizon
+OPTION_CASES = [("mixed", "relu", 30, 1, 0.1, 600), ("mixed", "relu", 300, 4, 0.4, 150),
+                ("teacher", "linear", 30, 1, 0.05, 600), ("teacher", "linear", 300, 8, 0.05, 400),
+                ("y2", "quadratic", 30, 1, 0.004, 800), ("y2", "quadratic", 300, 8, 0.005, 500)]
+OPTIONS = {"mixed": dict(base="mixed"), "teacher": dict(teacher_activation="he2"),
+           "y2": dict(teacher_activation="linear", labels="y2")}
+
+
+def _option_configs(case, **over):
+    from dynamics.setup.config import RunConfig
+
+    option, act, d, batch, eta, steps = case
+    spec = {"activation": act, "k": 1, "d": d, "seed": 0}
+    kw = dict(instance=spec, learner="pretrained-glm", mu=MU, eta=eta, batch=batch,
+              steps=steps, runs=400, checkpoints=4, spacing="linear", **OPTIONS[option])
+    kw |= over
+    return (RunConfig(engine="full", seed=1, **kw).validate(),
+            RunConfig(engine="reduced", seed=2, **kw).validate())
+
+
+def _option_pvalues(full, chain):
+    from chain_runs import ks_pvalues
+
+    quantities = {"overlap": lambda t: t.overlap, "scale": lambda t: t.extra["scale"]}
+    if "q" in full.extra:
+        quantities["q"] = lambda t: t.extra["q"]
+    return ks_pvalues(full, chain, quantities, first=1)
+
+
+@functools.cache
+def _full_run(case):
+    from dynamics.engines.engine import simulate
+
+    return simulate(_option_configs(case)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", OPTION_CASES, ids=lambda c: f"{c[0]}-d{c[2]}")
+def test_chain_matches_the_full_engine_with_the_options(case):
+    """``--engine reduced`` against ``--engine full`` with the mixed base, a separate σ* and
+    y² labels: two-sample KS on |m|, a (and q = ⟨v, ζ⟩) at every checkpoint after the start
+    (400 runs each, independent streams)."""
+    from dynamics.engines.engine import simulate
+
+    full = _full_run(case)
+    chain = simulate(_option_configs(case)[1])
+    assert (full.engine, chain.engine) == ("full", "reduced")
+    p = _option_pvalues(full, chain)
+    assert min(p.values()) > KS_LEVEL, p
+    assert (full.diverged_step == -1).all() and (chain.diverged_step == -1).all()
+    moved = np.median(full.overlap[:, -1]) / np.median(full.overlap[:, 0])
+    assert moved > 3, moved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,wrong", [
+    (OPTION_CASES[0], "dof"), (OPTION_CASES[2], "teacher"), (OPTION_CASES[4], "labels")],
+    ids=["mixed-dof+5", "teacher-ignored", "y2-ignored"])
+def test_the_option_ks_check_has_power(case, wrong):
+    """The same KS check fails for a wrong chain: the mixed base's χ² dof d − 3 + 5, or a chain
+    that ignores σ* (labels σ(ν)) or the squaring (labels σ*(ν))."""
+    from dynamics.engines.engine import simulate
+
+    full = _full_run(case)
+    d = case[2]
+    if wrong == "dof":
+        chain = pc.simulate_pretrained(_option_configs(case)[1], _chi2_dof=d - 3 + 5)
+    else:
+        over = {"teacher": dict(teacher_activation=None), "labels": dict(labels="y")}[wrong]
+        chain = simulate(_option_configs(case, **over)[1])
+    assert min(_option_pvalues(full, chain).values()) < KS_LEVEL

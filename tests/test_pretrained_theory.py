@@ -1,7 +1,10 @@
 """Theory of fine-tuning from a pre-trained base w₀ = μu (hermite/flows/pretrained.py,
 docs/theory/pretraining-hurts.md): escape times against closed forms, b and c against Monte
 Carlo and the σ″ form, the Jacobian against finite differences of the flow, the drift against
-one exact SGD step in R^d, the He₃ trap, bad input."""
+one exact SGD step in R^d, the He₃ trap, bad input; and the general setting (the mixed base
+w₀ = μu + (1 − μ)ζ, a teacher σ* ≠ σ, labels y²): the mixed τ against its closed form for
+linear σ, escape rates against the flow's own finite-difference Jacobian, the pair moments
+against the adaptive reference and Monte Carlo, the flow against the mean of chain runs."""
 
 from __future__ import annotations
 
@@ -16,12 +19,20 @@ import scipy.special as sp
 from hermite.activations import get_activation
 from hermite.flows.pretrained import (
     PretrainedFlow,
+    Pretraining,
     _fast_moments,
     _integrate,
+    _pair_moments,
+    _pair_reference,
     _reference_moments,
     escape_coefficients,
     escape_rate,
     escape_time,
+    general_drift,
+    general_escape_coefficients,
+    general_escape_time,
+    general_flow,
+    general_loss,
     pretrained_drift,
     pretrained_flow,
     pretrained_loss,
@@ -260,6 +271,168 @@ def test_he3_trap():
     (lambda: pretrained_loss("relu", 0.5, np.inf, 0.0), "finite"),
 ])
 def test_bad_input_one_line_errors(call, match):
+    with pytest.raises(ValueError, match=match) as err:
+        call()
+    assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------- the general setting
+def _mixed_linear_tau(mu, rho):
+    """Linear σ, mixed base: δ₀ = (1 − μ)(⟨ζ, x⟩ − ν), so E[δ₀ν] = (1 − μ)(ρ − 1),
+    E[δ₀z] = β₀ = (1 − μ)ρ̄, c = 1, b² = 2(1 − μ)²(1 − ρ): τ = 2/(√(1 + 8(1−μ)²(1−ρ)) − 1)."""
+    return 2.0 / (math.sqrt(1.0 + 8.0 * (1.0 - mu) ** 2 * (1.0 - rho)) - 1.0)
+
+
+@pytest.mark.parametrize("mu", MUS)
+@pytest.mark.parametrize("rho", [0.0, 0.031, -0.2, 0.6])
+def test_mixed_linear_escape_time_closed_form(mu, rho):
+    setting = Pretraining("linear", mu, rho)
+    assert general_escape_time(setting) == pytest.approx(_mixed_linear_tau(mu, rho), rel=1e-8)
+    b, c = general_escape_coefficients(setting)
+    assert c == pytest.approx(1.0, abs=1e-12)
+    assert b * b == pytest.approx(2 * (1 - mu) ** 2 * (1 - rho), rel=1e-10)
+
+
+@pytest.mark.parametrize("name", ["relu", "erf", "linear", "tanh"])
+def test_aligned_setting_is_the_old_flow(name):
+    """The general path with y = σ(ν) and the aligned base is :func:`pretrained_drift`'s flow."""
+    rng = np.random.default_rng(4)
+    a, m = rng.normal(0, 1, 6), rng.uniform(-1, 1, 6)
+    setting = Pretraining(name, 0.4, teacher=name)
+    np.testing.assert_allclose(general_drift(setting, a, m, eta=0.1, d=50, batch=2),
+                               pretrained_drift(name, 0.4, a, m, eta=0.1, d=50, batch=2),
+                               rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(general_loss(setting, a, m), pretrained_loss(name, 0.4, a, m),
+                               rtol=1e-11, atol=1e-13)
+    assert general_escape_time(setting) == escape_time(name, 0.4)
+
+
+SETTINGS = [("relu", 0.45, 0.1, None, "y"), ("erf", 0.45, -0.05, None, "y"),
+            ("tanh", 0.6, 0.2, None, "y"), ("relu", 0.45, None, "erf", "y"),
+            ("erf", 0.3, None, "relu", "y"), ("linear", 0.5, None, "he2", "y"),
+            ("quadratic", 0.5, None, "linear", "y2"), ("relu", 0.5, None, None, "y2"),
+            ("erf", 0.5, 0.1, "tanh", "y2")]
+
+
+@pytest.mark.parametrize("spec", SETTINGS, ids=lambda s: "-".join(map(str, s)))
+def test_general_escape_rate_is_the_linearised_flow(spec):
+    """Central differences of the general flow's right-hand side at a = 0, m = q = 0 (h = 1e-7;
+    O(h) at a kink): the largest real eigenvalue is λ₊ of the escape coefficients."""
+    setting = Pretraining(*spec)
+    dim, h = (3 if setting.mixed else 2), 1e-7
+    cols = []
+    for e in np.eye(dim) * h:
+        plus = np.array(general_drift(setting, *e))
+        minus = np.array(general_drift(setting, *(-e)))
+        cols.append((plus - minus) / (2 * h))
+    jac = np.column_stack(cols)
+    assert np.abs(general_drift(setting, *np.zeros(dim))).max() < 1e-12  # a fixed point
+    rate = 1.0 / general_escape_time(setting)
+    assert np.linalg.eigvals(jac).real.max() == pytest.approx(rate, rel=1e-5)
+
+
+PAIRS = [(al, be) for al in (0.0, 0.3, -0.8, 1.5) for be in (0.0, 1e-6, 0.5, -1.2, 2.0)]
+
+
+@pytest.mark.parametrize("name", ["relu", "erf"])
+def test_pair_closed_forms_match_the_reference(name):
+    """(E[δν], E[δz], E[δ²], E[(σ(λ) − σ(ν))²]) at λ = αν + βz: closed forms against the
+    adaptive plane rule."""
+    setting = Pretraining(name, 0.5, 0.0)
+    fast, joint = _pair_moments(setting)
+    assert joint
+    al, be = np.array(PAIRS).T
+    np.testing.assert_allclose(fast(al, be), _pair_reference(setting.activation, setting.label,
+                                                             al, be), atol=1e-9, rtol=1e-9)
+
+
+def test_polynomial_pair_rule_matches_the_reference_and_monte_carlo():
+    """Quadratic σ with y = ν² (linear σ*, labels y2): the exact Gauss–Hermite rule against the
+    adaptive reference (1e-9) and Monte Carlo (5 SE)."""
+    setting = Pretraining("quadratic", 0.5, None, "linear", "y2")
+    fast, joint = _pair_moments(setting)
+    assert joint
+    al, be = np.array([0.3, -0.7]), np.array([0.6, 0.2])
+    exact = fast(al, be)
+    np.testing.assert_allclose(exact, _pair_reference(setting.activation, setting.label, al, be),
+                               atol=1e-9, rtol=1e-9)
+    rng = np.random.default_rng(2)
+    nu, z = rng.standard_normal((2, 1_000_000))
+    for i in range(2):
+        lam = al[i] * nu + be[i] * z
+        gap = lam**2 - nu**2
+        delta = gap * 2 * lam
+        for k, sample in enumerate((delta * nu, delta * z, delta**2, gap**2)):
+            se = sample.std() / math.sqrt(sample.size)
+            assert abs(sample.mean() - exact[k, i]) < 5 * se, (i, k)
+
+
+def test_mixed_drift_is_the_mean_sgd_step():
+    """ȧ, ṁ, q̇ of the mixed base (ReLU) against the mean of one exact online SGD step in R^d
+    (B = 1, 6·10⁵ examples), renormalisation term with d − 3."""
+    act = get_activation("relu")
+    mu, eta, d, rho = 0.4, 2e-3, 200, 0.3
+    a, m, p = 0.7, 0.3, -0.4
+    u, e, w = np.eye(d)[:3]
+    zeta = rho * u + math.sqrt(1 - rho * rho) * e
+    v = m * u + p * e + math.sqrt(1 - m * m - p * p) * w
+    q = float(v @ zeta)
+    rng = np.random.default_rng(8)
+    incs = []
+    for _ in range(12):
+        x = rng.standard_normal((50_000, d))
+        s = x @ v
+        lam = x @ (mu * u + (1 - mu) * zeta) + a * s
+        delta = (act.fn(lam) - act.fn(x[:, 0])) * act.deriv(lam)
+        v_new = v[None, :] - eta * a * delta[:, None] * x
+        v_new /= np.linalg.norm(v_new, axis=1)[:, None]
+        incs.append(np.stack([-delta * s, (v_new[:, 0] - m) / eta,
+                              (v_new @ zeta - q) / eta]))
+    incs = np.concatenate(incs, axis=1)
+    flow = general_drift(Pretraining(act, mu, rho), a, m, q, eta=eta, d=d, batch=1)
+    for k in range(3):
+        se = incs[k].std() / math.sqrt(incs.shape[1])
+        assert abs(incs[k].mean() - flow[k]) < 5 * se, (k, incs[k].mean(), flow[k], se)
+
+
+# (options, σ, η): one case per new option, 64 chain runs at d = 1000, B = 500
+FLOW_CASES = [(dict(base="mixed"), "relu", 0.2), (dict(teacher_activation="he2"), "linear", 0.2),
+              (dict(teacher_activation="linear", labels="y2"), "quadratic", 0.02)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FLOW_CASES, ids=["mixed", "teacher", "y2"])
+def test_flow_follows_the_mean_of_chain_runs(case):
+    """The population flow from each run's own start (with its ρ, q₀; renormalisation term)
+    against the mean |m| of 64 exact-chain runs: within max(4 SE, 0.03) at every checkpoint,
+    and the runs leave the search phase."""
+    from dynamics.engines.engine import simulate
+    from dynamics.setup.config import RunConfig
+
+    options, act, eta = case
+    config = RunConfig(dict(activation=act, k=1, d=1000), learner="pretrained-glm", mu=0.5,
+                       eta=eta, batch=500, steps=300, runs=64, checkpoints=13,
+                       spacing="linear", engine="reduced", seed=3, **options)
+    traj = simulate(config)
+    assert traj.engine == "reduced" and (traj.diverged_step == -1).all()
+    mean, flow = traj.overlap.mean(0), traj.ode.mean(0)
+    se = traj.overlap.std(0, ddof=1) / math.sqrt(traj.overlap.shape[0])
+    gap = np.abs(mean - flow)
+    assert np.all(gap <= np.maximum(4 * se, 0.03)), (gap, se)
+    assert mean[-1] > 5 * mean[0]
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: Pretraining("relu", 0.5, labels="y3"), "labels"),
+    (lambda: Pretraining("relu", 0.5, rho=1.0), "rho"),
+    (lambda: Pretraining("relu", 1.2), "mu must be in"),
+    (lambda: Pretraining("nope", 0.5), "unknown activation"),
+    (lambda: general_drift(Pretraining("relu", 0.5, 0.1), 0.1, 0.2), "needs q"),
+    (lambda: general_drift(Pretraining("relu", 0.5), 0.1, 0.2, 0.3), "only with rho"),
+    (lambda: general_loss(Pretraining("relu", 0.5, 0.0), 0.1, 0.9, 0.9), "unit v"),
+    (lambda: general_flow(Pretraining("relu", 0.5), 0.1, [0.0], [2.0, 1.0]), "times"),
+])
+def test_general_bad_input_one_line_errors(call, match):
     with pytest.raises(ValueError, match=match) as err:
         call()
     assert "\n" not in str(err.value)

@@ -84,6 +84,21 @@ def test_nan_runs_are_left_out_and_counted():
     assert none.runs == 0 and not none.passed and "not audited" in none.text()
 
 
+def test_a_checkpoint_where_no_run_has_the_quantity_is_not_audited():
+    """lora-ba's overlap at B₀ = 0 is undefined (NaN) in every run at step 0: that checkpoint
+    is left out, not every run; a run NaN at a checkpoint others have still drops out."""
+    x, theory = _noisy(0.0, runs=10)
+    x[:, 0] = np.nan
+    a = audit_line("ode", OVERLAP, STEPS, x, theory)
+    b = audit_line("ode", OVERLAP, STEPS[1:], x[:, 1:], theory[:, 1:])
+    assert a.runs == 10 and (a.max_abs, a.max_se, a.at_step) == (b.max_abs, b.max_se, b.at_step)
+    x[:, 0], x[0, 2] = 0.1, np.nan
+    assert audit_line("ode", OVERLAP, STEPS, x, theory).runs == 9
+    x, theory = _noisy(0.1, runs=10)
+    x[:, 0] = np.nan
+    assert not audit_line("ode", OVERLAP, STEPS, x, theory).passed  # an offset still fails
+
+
 def test_passage_ratio_on_a_constructed_example():
     # first steps at |·| ≥ ½: SGD 40, 20, 80, never, 10; theory 20, 20, 40, 20, 0
     x = np.array([[0, 0, 0.4, 0.6, 1], [0, 0.3, -0.5, 1, 1], [0, 0, 0, 0, 0.7],

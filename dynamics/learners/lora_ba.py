@@ -26,7 +26,9 @@ population loss of the rows (wⱼ + s(BA)ⱼ)/‖·‖ (``network_loss``, dual k
 ``extra["b_norm"]`` = ‖B‖_F, ``extra["a_norm"]`` = ‖A‖_F, ``extra["delta_norm"]`` = ‖sBA‖_F.
 Theory (``ode``, ``extra["ode_loss"]``, ``extra["ode_update_overlap"]``): the population flow
 of (B, A's coordinates in span(W, u), A's Gram) in τ = η·steps, d → ∞ and first order in η,
-from each run's recorded (B₀, A₀) (``hermite.flows.lora_ba``). Reduced engine: the exact
+from each run's recorded (B₀, A₀) (``hermite.flows.lora_ba``); with ``finite_d_theory``,
+``ode_corrected``: the finite-η·d flow (the rest's SGD noise; rank 1: mean over B's noise kick
+at the escape, ``hermite.flows.lora_ba_escape``). Reduced engine: the exact
 chain in (B, Z, S) (``dynamics.reduced.lora_ba_chain``).
 """
 
@@ -55,6 +57,10 @@ INITS_B = ("zero", "gaussian")
 INITS_A = ("gaussian", "kaiming")
 FLOW_NOTE = ("population flow of (B, A's coordinates in span(W, u), A's Gram), d → ∞, first "
              "order in η (no SGD noise), from each run's own (B₀, A₀)")
+CORRECTED_NOTE = ("finite-η·d flow (hermite.flows.lora_ba.corrected_flow): the population flow "
+                  "plus the SGD noise of A's rest Gram, O(η·d) (here η·d = {eta_d:.3g}); rank "
+                  "1: mean over B's noise kick at the escape (lora_ba_escape.kicked_overlap)")
+CORRECTED_RUNS = 64  # the finite-η·d line is drawn from at most this many runs' starts
 
 
 @dataclass(frozen=True)
@@ -293,8 +299,45 @@ class LoRABA(Learner):
         ode, ode_extra = self.flow(result)
         extra |= {"ode_loss": ode_extra["loss"], "ode_update_overlap": ode_extra["update_overlap"]}
         attrs = {name: {"note": FLOW_NOTE} for name in ("ode", "ode_loss", "ode_update_overlap")}
+        theory = {"ode": ode}
+        if (corr := self.corrected(result)) is not None:
+            theory["ode_corrected"], attrs["ode_corrected"] = corr
         return make_trajectory(result, overlap, true_loss(insts, delta), loss_kind="exact",
-                               extra=extra, theory={"ode": ode}, extra_attrs=attrs)
+                               extra=extra, theory=theory, extra_attrs=attrs)
+
+    def corrected(self, result: RunResult) -> tuple[np.ndarray, dict] | None:
+        """(overlap (R, C), attributes) of the finite-η·d flow (``hermite.flows.lora_ba``'s
+        ``corrected_flow``; rank 1: ``lora_ba_escape.kicked_overlap``, the mean over B's noise
+        kick at the escape) from the first ``CORRECTED_RUNS`` runs' starts (NaN in
+        the others); None where ``finite_d_theory`` is off, A frozen or d ≤ k + 1 + r."""
+        from hermite.flows.lora_ba import BANoise, corrected_flow
+        from hermite.flows.lora_ba_escape import kicked_overlap
+
+        config, rec, insts = result.config, result.records, result.instances
+        runs, cps = len(insts), result.steps.size
+        if (not config.finite_d_theory or not self.train_a
+                or insts[0].d <= self.k + 1 + self.rank):
+            return None
+        noise = BANoise(float(config.eta), int(insts[0].d), int(config.batch),
+                        float(config.label_noise))
+        times = config.eta * result.steps.astype(float)
+        out = np.full((runs, cps), np.nan)
+        chosen = np.arange(runs) < CORRECTED_RUNS
+        for inst, idx in group_runs(insts):
+            idx = idx[chosen[idx]]
+            if not idx.size:
+                continue
+            kw = dict(scale=self.scale, lr_ratio=self.lr_ratio)
+            b0, a0 = rec["b"][idx, 0], rec["a"][idx, 0]
+            if self.rank == 1:
+                out[idx] = kicked_overlap(inst, b0, a0, times, noise, **kw)
+            else:
+                fl = corrected_flow(inst, b0, a0, times, noise, train_a=True, **kw)
+                out[idx] = update_observables([inst] * idx.size, fl.b, fl.a, self.scale)[0]
+        note = CORRECTED_NOTE.format(eta_d=config.eta * insts[0].d)
+        if runs > CORRECTED_RUNS:
+            note += f"; from the first {CORRECTED_RUNS} of {runs} runs' starts (NaN in the rest)"
+        return out, {"note": note, "ode": "corrected"}
 
     def flow(self, result: RunResult) -> tuple[np.ndarray, dict]:
         """(overlap (R, C), {loss, update_overlap}) of the population flow

@@ -3,7 +3,8 @@ same runs, from the same starts.
 
 For a theory line θ and the SGD quantity x it predicts (:data:`LINES`), over the runs r
 where both are finite at every checkpoint (``runs`` of R; a diverged run, or one whose line
-was left out or failed, is not used), per checkpoint c:
+was left out or failed, is not used; a checkpoint where no run has x, such as ``lora-ba``'s
+overlap at B₀ = 0, is not audited), per checkpoint c:
 
     D_rc = x_rc − θ_rc,   D̄_c = mean_r D_rc,   SE_c = sd_r(D_rc) / √runs   (sd with ddof 1)
 
@@ -229,6 +230,9 @@ def audit_line(name: str, line: Line, steps, x, theory) -> Audit:
     x, theory = np.asarray(x, dtype=np.float64), np.asarray(theory, dtype=np.float64)
     if line.absolute:
         x, theory = np.abs(x), np.abs(theory)
+    defined = np.isfinite(x).reshape(x.shape[0], steps.size, -1).any(axis=(0, 2))
+    if defined.any() and not defined.all():  # a checkpoint where no run has the quantity
+        steps, x, theory = steps[defined], x[:, defined], theory[:, defined]
     used = _used_runs(x, theory)
     x, theory = x[used], theory[used]
     if not used.any():

@@ -58,7 +58,8 @@ __all__ = [
     "NoiseSource",
 ]
 
-STREAMS = {"init": 0, "data": 1, "eval": 2, "refit": 3, "data_shared": 4, "theory": 5}
+STREAMS = {"init": 0, "data": 1, "eval": 2, "refit": 3, "data_shared": 4, "theory": 5,
+           "base": 6}  # base: the pretrained-glm mixed base's ζ
 DTYPES = ("float64", "float32")
 
 

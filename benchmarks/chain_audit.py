@@ -1,0 +1,245 @@
+"""The theory lines of the paper's figures against the mean of ≥ 1024 exact-chain runs (issue
+40: "the line against the mean of ≥ 1024 exact-chain runs at the figure's d (and at 10× that
+d), within the same tolerance").
+
+One representative cell per figure (:data:`REGIMES`), taken from the figure's own recipe
+(``sims.experiments.figures``, full or ``--quick`` size) and run through the house's run path,
+``simulate(RunConfig(..., engine="reduced"))`` with ``--runs`` runs (default 1024), so that
+the theory lines are the ones the figure draws, each from the runs' own starts. Every line is
+audited with :func:`dynamics.overlays.audit.audit_trajectory` (paired differences, tolerance
+max(4 SE, 0.03) for overlaps, 3 % for losses: docs/theory/audit.md).
+
+The house draws a costly line (the finite-d corrected ODE, the finite-ξ line) from as many
+starts as its cost budget allows (``dynamics.overlays.finetune``: ``CORRECTED_BUDGET_S``,
+``FINITE_XI_BUDGET_S``); ``--line-budget S`` sets both budgets to S seconds for this script
+only (the library's values are untouched elsewhere) so that a line comes from more starts.
+The table says from how many starts each line was drawn; its SE uses the runs where the line
+exists.
+
+    python benchmarks/chain_audit.py [--regimes fig4-relu-xi1,fig5] [--quick] [--d-mult 10]
+                                     [--runs 1024] [--horizon 1.0] [--line-budget 20]
+                                     [--json out.json] [--markdown out.md] [--estimate]
+
+``--horizon F``: F × the figure's horizon (its steps/d, same number of checkpoints).
+``--estimate``: print the cost estimate and stop. Prints, per regime, the estimate, the
+measured seconds and a markdown table (line, vs, max |Δ|, at step, max |Δ|/SE, passage
+ratio, starts, runs, verdict).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import dynamics.overlays.finetune as finetune_overlay
+from dynamics.engines.engine import simulate
+from dynamics.overlays.audit import LINES, array_of, audit_trajectory, fmt_value, not_drawn
+from sims.experiments.figures import FIGURES
+from sims.experiments.sweep_spec import parse_sweep
+
+CHAIN_RATE = 3e6  # run-steps/s of the reduced chain on 2 idle cores (the figure quoted by issue
+# 40; measured here under load: ≤ 0.9e6, docs/theory/audit.md "Against 1024 exact-chain runs")
+
+
+@dataclass(frozen=True)
+class Regime:
+    """One representative cell of a figure: ``figure`` (a recipe name) and ``match``, the
+    values its cell must have (instance keys: activation, xi/√k as ``xi_sqrt_k``; run
+    options: joint_c, project, u_alpha, learner, instance_seeds)."""
+
+    figure: str
+    match: tuple
+    what: str
+
+
+REGIMES = {
+    "fig1-relu": Regime("fig1", (("activation", "relu"), ("xi_sqrt_k", 1.0)),
+                        "ReLU, ξ = √k, ĉ joint, û unprojected"),
+    "fig6-he3": Regime("fig6", (("xi_sqrt_k", 4.0),),
+                       "He₃, ξ = 4√k (ξ²/d = 0.53 quick, 0.32 full), ĉ joint, unprojected"),
+    "fig2-frozen": Regime("fig2", (("joint_c", False),), "ReLU, ξ = 1, projected, ĉ frozen"),
+    "fig2-joint": Regime("fig2", (("joint_c", True),), "ReLU, ξ = 1, projected, ĉ joint"),
+    "fig3-finetune": Regime("fig3", (("learner", "finetune"),),
+                            "fine-tuning, ReLU, ξ = √k, ĉ joint, projected"),
+    "fig4-relu-xi1": Regime("fig4", (("activation", "relu"), ("xi_sqrt_k", None)),
+                            "ReLU, ξ = 1, ĉ joint, û unprojected"),
+    "fig4-he3-xi1": Regime("fig4", (("activation", "he3"), ("xi_sqrt_k", None)),
+                           "He₃, ξ = 1, ĉ joint, û unprojected"),
+    "fig5": Regime("fig5", (("u_alpha", 0.5), ("instance_seeds", "shared")),
+                   "ReLU, ξ = 1, ‖Π_W u‖ = 1/2, ĉ joint, unprojected"),
+}
+# fig4's ξ = √k ReLU cell is fig1's (a) cell: "fig1-relu" covers both. Fig. 3's linearized
+# learner (rank 1) has no exact chain ("only full_rank has an exact chain"): its lines are
+# not audited here, Fig. 3's fine-tuning cell is.
+
+
+def _value(config, key):
+    inst = config.instance
+    if key == "xi_sqrt_k":
+        ratio = inst.get("xi", 1.0) / math.sqrt(inst["k"])
+        return None if abs(inst.get("xi", 1.0) - 1.0) < 1e-9 else round(ratio, 3)
+    if key in inst:
+        return inst[key]
+    if hasattr(config.options, key):
+        return getattr(config.options, key)
+    return getattr(config, key)
+
+
+def regime_config(name: str, quick: bool, runs: int, d_mult: int = 1,
+                  horizon: float = 1.0, seed: int = 0, shared: bool = False):
+    """The RunConfig of regime ``name``: its figure's cell (the recipe's sweep at full or
+    quick size) with ``runs`` runs on the reduced engine, d × ``d_mult`` (η·d and steps/d
+    kept), ``horizon`` × its steps/d and, with ``shared``, one instance for every run."""
+    if name not in REGIMES:
+        raise ValueError(f"unknown regime {name!r}; valid: {', '.join(REGIMES)}")
+    if runs < 2 or d_mult < 1 or not horizon > 0:
+        raise ValueError(f"need runs ≥ 2, d multiplier ≥ 1 and horizon > 0, got {runs}, "
+                          f"{d_mult}, {horizon}")
+    regime = REGIMES[name]
+    sweep = FIGURES[regime.figure].sweep(quick)
+    spec = parse_sweep(sweep)
+    cells = [c for c in spec.cells()
+             if all(_value(c.config, key) == want for key, want in regime.match)]
+    if len(cells) != 1:
+        raise ValueError(f"regime {name}: {len(cells)} cells of {regime.figure} match "
+                          f"{dict(regime.match)}, want 1")
+    cell = cells[0]
+    steps_per_d = cell.config.steps / cell.config.instance["d"]
+    setting = dict(cell.axes) | {
+        "runs": runs, "engine": "reduced", "seed": seed,
+        "d": cell.config.instance["d"] * d_mult,
+        "eta_times_d": cell.config.eta * cell.config.instance["d"],
+        "steps_per_d": steps_per_d * horizon}
+    if shared:
+        setting["instance_seeds"] = "shared"
+    setting.pop("eta", None)
+    setting.pop("steps", None)
+    base = {key: v for key, v in sweep["base"].items() if key not in setting}
+    base["instance"] = {key: v for key, v in sweep["base"]["instance"].items()
+                        if key not in setting}
+    one = dict(sweep) | {"base": base, "axes": {}, "cases": [setting]}
+    return parse_sweep(one).cells()[0].config
+
+
+def estimate(config) -> dict:
+    """Estimated seconds: the chain (runs × steps at ``CHAIN_RATE``) and the costly lines (at
+    most their budgets each, from as many starts as those allow)."""
+    chain = config.runs * config.steps / CHAIN_RATE
+    lines = finetune_overlay.CORRECTED_BUDGET_S + finetune_overlay.FINITE_XI_BUDGET_S
+    return {"run_steps": config.runs * config.steps, "chain_s": chain, "lines_max_s": lines}
+
+
+def starts_of(traj, name: str) -> int:
+    """The runs whose line ``name`` has a finite value (the starts it was drawn from)."""
+    theory = array_of(traj, name)
+    if theory is None:
+        return 0
+    theory = np.asarray(theory, dtype=float).reshape(np.shape(theory)[0], -1)
+    return int(np.isfinite(theory).any(axis=1).sum())
+
+
+def audit_regime(name: str, config) -> dict:
+    """Run ``config`` and audit its every line; the JSON record of the regime."""
+    t0 = time.perf_counter()
+    traj = simulate(config)
+    seconds = time.perf_counter() - t0
+    audits = audit_trajectory(traj)
+    hidden = not_drawn(audits)
+    inst = config.instance
+    rows = []
+    for line, audit in audits.items():
+        rows.append(audit.as_json() | {
+            "line": line, "starts": starts_of(traj, line), "not_drawn": line in hidden,
+            "passed": audit.passed})
+    missing = [n for n in LINES if n not in audits and array_of(traj, n) is not None]
+    return {"regime": name, "figure": REGIMES[name].figure, "what": REGIMES[name].what,
+            "d": inst["d"], "k": inst["k"], "xi": inst.get("xi", 1.0),
+            "activation": inst["activation"], "eta_times_d": config.eta * inst["d"],
+            "steps": config.steps, "runs": config.runs, "seconds": seconds,
+            "instance_seeds": config.instance_seeds,
+            "estimate": estimate(config), "lines": rows, "unaudited": missing}
+
+
+def markdown(record: dict) -> list[str]:
+    """The regime's table (docs/theory/audit.md, "Against 1024 exact-chain runs")."""
+    head = (f"#### {record['regime']} ({record['what']}): d = {record['d']}, k = "
+            f"{record['k']}, ξ = {record['xi']:.4g}, η·d = {record['eta_times_d']:.4g}, "
+            f"{record['steps']} steps, {record['runs']} runs, instance seeds "
+            f"{record['instance_seeds']} ({record['seconds']:.0f} s)")
+    out = [head, "",
+           "| theory line | vs | max \\|Δ\\| | at step | max \\|Δ\\|/SE | passage ratio | "
+           "starts | runs | tolerance |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in record["lines"]:
+        ratio = "–" if row["kind"] != "overlap" else fmt_value(
+            math.nan if row["passage_ratio"] is None else row["passage_ratio"], ".3g")
+        verdict = "within" if row["passed"] else f"**outside** from step {row['fail_step']}"
+        if row["not_drawn"]:
+            verdict += " (not drawn)"
+        z = math.nan if row["max_se"] is None else row["max_se"]
+        out.append(f"| `{row['line'].removeprefix('extra/')}` | "
+                   f"{row['against'].replace('extra/', '').replace('|', chr(92) + '|')} | "
+                   f"{row['max_abs']:.3g} | {row['at_step']} | {fmt_value(z, '.3g')} | "
+                   f"{ratio} | {row['starts']} | {row['runs']}/{row['total_runs']} | "
+                   f"{verdict} |")
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--regimes", default=",".join(REGIMES),
+                    help=f"comma-separated, of: {', '.join(REGIMES)}")
+    ap.add_argument("--quick", action="store_true", help="the figures' --quick sizes")
+    ap.add_argument("--d-mult", type=int, default=1, help="d × this (η·d, steps/d kept)")
+    ap.add_argument("--runs", type=int, default=1024)
+    ap.add_argument("--horizon", type=float, default=1.0, help="× the figure's steps/d")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shared-instance", action="store_true",
+                    help="one instance for every run (Fig. 2 draws one per run: the lines "
+                         "then cost ≈ 11 s per run on the 2-core machine)")
+    ap.add_argument("--line-budget", type=float, default=None,
+                    help="seconds for each costly theory line (default: the house's)")
+    ap.add_argument("--estimate", action="store_true", help="print the estimate and stop")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None)
+    args = ap.parse_args(argv)
+    if args.line_budget is not None:
+        finetune_overlay.CORRECTED_BUDGET_S = args.line_budget
+        finetune_overlay.FINITE_XI_BUDGET_S = args.line_budget
+    names = [n.strip() for n in args.regimes.split(",") if n.strip()]
+    try:
+        configs = {n: regime_config(n, args.quick, args.runs, args.d_mult, args.horizon,
+                                    args.seed, args.shared_instance) for n in names}
+    except ValueError as exc:  # a bad option: one line
+        ap.error(str(exc))
+    for n, cfg in configs.items():
+        e = estimate(cfg)
+        print(f"{n}: d = {cfg.instance['d']}, {cfg.steps} steps × {cfg.runs} runs = "
+              f"{e['run_steps']:.3g} run-steps ≈ {e['chain_s']:.0f} s of chain at "
+              f"{CHAIN_RATE:.0e}/s, + ≤ {e['lines_max_s']:.0f} s of costly lines + the plain "
+              "ODE from every start", flush=True)
+    if args.estimate:
+        return
+    records, lines = [], []
+    for n, cfg in configs.items():
+        rec = audit_regime(n, cfg) | {"quick": args.quick, "d_mult": args.d_mult,
+                                      "horizon": args.horizon,
+                                      "line_budget": args.line_budget}
+        records.append(rec)
+        table = markdown(rec)
+        print("\n".join(table) + "\n", flush=True)
+        lines += table + [""]
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(records, fh, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
