@@ -544,3 +544,25 @@ def test_the_summary_median_counts_runs_that_never_arrive():
     assert np.isnan(s["median_steps_to_0.5"]) and s["fraction_reached_0.5"] == 0.25
     s = summary([0, 0, 1])  # 2 of 3 arrive at step 20: the median is theirs
     assert s["median_steps_to_0.5"] == 20 and s["fraction_reached_0.5"] == 2 / 3
+
+
+def test_show_counts_runs_that_never_arrive_as_the_run_summary_does():
+    """``loradyn show``'s |⟨û,u⟩| median: 1 of 2 runs arriving is 'not reached', not the one
+    arrival's step (np.nanmedian had dropped the other run)."""
+    from dynamics.runtime.trajectory import Trajectory
+    from sims.commands.show import _final, summary
+
+    steps = np.array([0, 10, 20])
+    overlap = np.array([[0.1, -0.3, -0.6], [0.1, 0.2, 0.3], [0.1, 0.6, 0.7]])
+    nan = np.full_like(overlap, np.nan)
+
+    def show(rows):
+        traj = Trajectory(steps, overlap[rows], nan[rows], nan[rows],
+                          np.full(len(rows), -1), np.ones(len(rows)), np.zeros(len(rows)))
+        return summary(traj)
+
+    s = show([0, 1])
+    assert np.isnan(s["median_steps_to_abs_0.5"]) and s["fraction_reached_abs_0.5"] == 0.5
+    assert "not reached (50% of the runs did)" in _final(s, network=False)
+    s = show([0, 1, 2])  # |⟨û,u⟩| of run 0 reaches 0.5 at 20, run 2 at 10: median 20
+    assert s["median_steps_to_abs_0.5"] == 20 and s["fraction_reached_abs_0.5"] == 2 / 3

@@ -25,6 +25,7 @@ from hermite.flows.pretrained import (
     _pair_moments,
     _pair_reference,
     _reference_moments,
+    _smooth_moments,
     escape_coefficients,
     escape_rate,
     escape_time,
@@ -111,7 +112,7 @@ def test_stein_form_of_c_equals_second_derivative_form():
         assert escape_coefficients(act, mu)[1] == pytest.approx(c_direct, abs=1e-10)
 
 
-@pytest.mark.parametrize("name", ["relu", "erf", "he3"])
+@pytest.mark.parametrize("name", ["relu", "erf", "he3", "tanh", "sigmoid"])
 def test_escape_rate_is_the_linearised_flow(name):
     """Central differences of the flow's right-hand side at (0, 0): [[−c, −b], [−b, 0]] (tiny
     h: at a kink the drift has an a·|a| term, so the central difference errs by O(h))."""
@@ -221,8 +222,50 @@ def test_erf_closed_form_against_one_dimensional_quadrature():
         assert fast[2, 0] == pytest.approx(exact, abs=1e-13)
 
 
-@pytest.mark.parametrize("name", ["tanh", "sigmoid", "abs"])
+# the smooth rule's checked range: |a| up to 3.6 (√Var λ ≤ 4.55 > its 4.5: the last column
+# crosses over to the reference), m at the poles and the corners
+SMOOTH_GRID = [(a, m) for a in np.linspace(-3.6, 3.6, 25) for m in
+               (0.0, 0.3, -0.6, 0.9, 0.99, 0.999999, -1.0, 1.0)] + [(1e-6, 0.2), (-1e-6, 0.0)]
+
+
+@pytest.mark.parametrize("name", ["tanh", "sigmoid", "erf"])
+def test_smooth_rule_matches_the_adaptive_reference(name):
+    """The fixed trapezoid rule in the principal axes against the adaptive plane rule: all
+    four moments to 1e-9 (the reference's own error, ~9e-10 for E[δ²] at m = ±1); tanh and
+    sigmoid take it as their fast path, erf (a closed form there) is checked for the rule."""
+    act = get_activation(name)
+    a, m = np.array(SMOOTH_GRID).T
+    for mu in (0.05, 0.5, 0.95):
+        fast = _smooth_moments(act, mu, a, m)
+        np.testing.assert_allclose(fast, _reference_moments(act, mu, a, m), atol=1e-9, rtol=0)
+        if name != "erf":
+            np.testing.assert_array_equal(_fast_moments(act)(mu, a, m), fast)
+
+
+def test_smooth_rule_against_the_erf_closed_form():
+    """erf through the smooth rule against its closed forms (an independent truth): 1e-11."""
+    act = get_activation("erf")
+    a, m = np.array(SMOOTH_GRID).T
+    for mu in (0.05, 0.5, 0.95):
+        np.testing.assert_allclose(_smooth_moments(act, mu, a, m),
+                                   _fast_moments(act)(mu, a, m), atol=1e-11, rtol=0)
+
+
+def test_smooth_rule_beyond_its_range_is_the_reference():
+    """States with √Var λ > 4.5 (|a| ≳ 3.5) go to the adaptive reference, state by state."""
+    act = get_activation("sigmoid")
+    a, m = np.array([5.0, 0.4, -4.2]), np.array([0.3, 0.5, -1.0])
+    fast = _fast_moments(act)(0.5, a, m)
+    np.testing.assert_allclose(fast[:, [0, 2]], _reference_moments(act, 0.5, a[[0, 2]],
+                                                                   m[[0, 2]]),
+                               rtol=1e-12, atol=1e-15)  # (E[δs] from the pair moments)
+    np.testing.assert_allclose(fast[:, 1], _reference_moments(act, 0.5, a[1:2], m[1:2])[:, 0],
+                               atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["abs", "tanh(x*2)", "sigmoid(x/2)"])
 def test_other_activations_keep_the_adaptive_path(name):
+    """Kinked σ and scaled ones (the rule's spacing is not checked for them) stay adaptive."""
     act = get_activation(name)
     assert _fast_moments(act) is None
     loss = pretrained_loss(act, 0.4, np.array([0.3, -0.8]), np.array([0.5, 0.1]))
@@ -241,6 +284,21 @@ def test_fast_flow_matches_the_reference_flow(name):
     assert np.abs(flow.a[:, -1]).max() > 0.3  # the runs move far from the start
     a, m = _integrate(lambda mu, a, m: _reference_moments(act, mu, a, m), mu,
                       np.stack([np.full(8, 0.1), m0]), times, 0.2 * 998 / 500, joint=False)
+    np.testing.assert_allclose(flow.a, a, atol=1e-7)
+    np.testing.assert_allclose(flow.m, m, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["tanh", "sigmoid"])
+def test_smooth_flow_matches_the_reference_flow(name):
+    """All 3 runs in one system with the smooth rule's drift vs run by run with the adaptive
+    drift (the old path), with the renormalisation term: 1e-7."""
+    act = get_activation(name)
+    mu, times = 0.5, np.linspace(0.0, 12.0, 7)
+    m0 = np.array([0.5, -0.3, 0.05])
+    flow = pretrained_flow(name, mu, 0.5, m0, times, eta=0.2, d=1000, batch=500)
+    assert np.abs(flow.a[:, -1] - 0.5).max() > 0.05  # the runs move
+    a, m = _integrate(lambda mu, a, m: _reference_moments(act, mu, a, m), mu,
+                      np.stack([np.full(3, 0.5), m0]), times, 0.2 * 998 / 500, joint=False)
     np.testing.assert_allclose(flow.a, a, atol=1e-7)
     np.testing.assert_allclose(flow.m, m, atol=1e-7)
 
@@ -344,6 +402,24 @@ def test_pair_closed_forms_match_the_reference(name):
     al, be = np.array(PAIRS).T
     np.testing.assert_allclose(fast(al, be), _pair_reference(setting.activation, setting.label,
                                                              al, be), atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("spec", [("tanh", 0.5, None, "sigmoid", "y"),
+                                  ("sigmoid", 0.5, 0.2, None, "y2"),
+                                  ("erf", 0.5, None, "tanh", "y2"),
+                                  ("tanh", 0.5, None, "he3", "y"),
+                                  ("he3", 0.5, None, "tanh", "y")], ids=str)
+def test_smooth_pair_rule_matches_the_reference(spec):
+    """Kink-free σ and σ* (not both polynomial, not erf's closed form): the smooth rule,
+    vectorised, against the adaptive plane rule to 1e-9 (relative 1e-10 for He₃'s large
+    moments); a kinked teacher keeps the reference."""
+    setting = Pretraining(*spec)
+    fast, joint = _pair_moments(setting)
+    assert joint
+    al, be = np.array(PAIRS + [(3.2, -3.0), (-4.0, 0.5)]).T
+    np.testing.assert_allclose(fast(al, be), _pair_reference(setting.activation, setting.label,
+                                                             al, be), atol=1e-9, rtol=1e-10)
+    assert not _pair_moments(Pretraining(spec[0], 0.5, None, "relu"))[1]
 
 
 def test_polynomial_pair_rule_matches_the_reference_and_monte_carlo():

@@ -130,6 +130,19 @@ def test_the_run_table_is_the_default_and_set_and_flags_win(runner):
     assert res.exit_code == 0 and _config("c.h5")[1]["mu"] == 0.3
 
 
+def test_a_learner_option_named_like_a_helper_argument_reaches_the_learner(runner):
+    """pretrained-glm's ``base`` (and the others) through --set and as a flag: it once
+    collided with a keyword of the command's own config builder (a TypeError)."""
+    Path("pt.toml").write_text(RUN_SPEC)
+    res = runner.invoke(cli, ["run", "pt.toml", "--out", "m.h5", "--set", "base=mixed",
+                              "--set", "teacher_activation=erf", "--labels", "y2"])
+    assert res.exit_code == 0, res.output
+    traj, config = _config("m.h5")
+    assert (config["base"], config["teacher_activation"], config["labels"]) == \
+        ("mixed", "erf", "y2")
+    assert "q" in traj.extra and "rho" in traj.extra
+
+
 def test_other_commands_read_a_spec_with_a_run_table(runner):
     Path("pt.toml").write_text(RUN_SPEC)
     res = runner.invoke(cli, ["hermite", "h", "pt.toml", "--m", "0.3"])

@@ -255,7 +255,7 @@ class PretrainedGLM(Learner):
         """|m|, the exact population loss from (a, m), extras ``scale`` and ``m`` (and ``q``,
         ``rho`` for the mixed base), and the population flow's |m| from each run's own start
         (:func:`pretrained_glm_ode`); from the records alone, so an exact chain recording
-        (overlap, scale, m[, q, rho]) can share it."""
+        (overlap, scale, m, and q, rho for the mixed base) can share it."""
         act, opts = result.instances[0].activation, result.config.options
         rec = result.records
         a, m = np.asarray(rec["scale"], dtype=float), np.asarray(rec["m"], dtype=float)

@@ -15,8 +15,14 @@ so the search phase escapes at λ₊ = (−c + √(c² + 4b²))/2, in time τ = 
 
 Expectations, vectorised over a batch of states: closed forms for ReLU (sector integrals of
 the pair (ν, λ)) and erf (Gaussian tilts, Stein, the arcsine kernel), the exact tensor
-Gauss–Hermite rule for polynomial σ. Any other σ takes the adaptive reference state by state:
-b and c are 1-D composite Gauss–Legendre with σ(ν)'s and σ(μν)'s kinks as panel edges; the
+Gauss–Hermite rule for polynomial σ, and for tanh and sigmoid (kink-free, analytic in a strip)
+the smooth rule: one fixed tensor trapezoid rule in the principal axes w₁ = λ/√Var λ, w₂ ⊥,
+|w| ≤ 9, spacing 0.3 in w₂ and per tier of √Var λ in w₁ (tanh 0.18/0.09/0.06 up to 1.5/3/4.5,
+sigmoid 0.18/0.09 up to 3/4.5; beyond 4.5, i.e. |a| ≳ 3.5, the reference), 6161, 12261 or
+18361 nodes, every moment one sum over w₁ of σ(λ), σ′(λ) and three inner sums of σ(ν) over
+w₂ (within 1e-9 of the reference, ≲ 1e-10 of a finer one, spacings 0.03 and 0.15; `loradyn
+bench theory`). Any other σ (kinked, scaled, user-given) takes the adaptive reference state
+by state: b and c are 1-D composite Gauss–Legendre with σ(ν)'s and σ(μν)'s kinks as panel edges; the
 drift a 2-D composite Gauss–Legendre rule over (ν, z) on panels scaled to σ(λ) with the kink
 lines ν = k and λ = k as panel edges (graded like :mod:`hermite.expansion._pair_quadrature`),
 good to ≲ 1e-11 (E[δ²] to ~3e-10 at |a| ~ 2).
@@ -33,11 +39,12 @@ q = ⟨v, ζ⟩; with ℓ ∈ {s = ⟨v, x⟩, ν = ⟨u, x⟩, ⟨ζ, x⟩} and
 β² = Var λ − α²: :func:`_geometry`), so E[δℓ] = Cov(ℓ, ν)E[δν] + k_ℓE[δz] with k_ℓ the
 z-coefficient of the regression of ℓ on (ν, z): every expectation is one of the four pair
 moments (E[δν], E[δz], E[δ²], E[(σ(λ) − y)²]) at (α, β) — closed forms for ReLU and erf with
-y = σ(ν), the exact rule for polynomial σ and y, else the adaptive plane rule with y's kinks
-as ν edges. Escape (:func:`general_escape_coefficients`): at a = 0, m = q = 0 the Jacobian
-has the eigenvalues 0 and the roots of λ² + cλ − b², with b² = E[δ₀ν]² + E[δ₀z]² and
-c = E[δ₀z]/β₀ for the mixed base (λ₀ = α₀ν + β₀z, α₀ = μ + (1 − μ)ρ, β₀ = (1 − μ)√(1 − ρ²)),
-and b, c as above with y for σ(ν) for the aligned one.
+y = σ(ν), the exact rule for polynomial σ and y, the smooth rule where σ and σ* are kink-free
+registry ones, else the adaptive plane rule with y's kinks as ν edges. Escape
+(:func:`general_escape_coefficients`): at a = 0, m = q = 0 the Jacobian has the eigenvalues
+0 and the roots of λ² + cλ − b², with b² = E[δ₀ν]² + E[δ₀z]² and c = E[δ₀z]/β₀ for the
+mixed base (λ₀ = α₀ν + β₀z, α₀ = μ + (1 − μ)ρ, β₀ = (1 − μ)√(1 − ρ²)), and b, c as above
+with y for σ(ν) for the aligned one.
 """
 
 from __future__ import annotations
@@ -313,16 +320,99 @@ def _polynomial_moments(act: Activation, mu: float, a: np.ndarray, m: np.ndarray
 
 _CLOSED_FORMS = {"relu": _relu_moments, "erf": _erf_moments}
 
+# the smooth rule: trapezoid in the principal axes (w₁ = λ/√q, w₂ ⊥), |w| ≤ _SMOOTH_TAIL
+_SMOOTH_NAMES = ("sigmoid", "tanh", "erf")  # registry σ that are analytic near the real line
+# (largest √q = √Var λ, spacing in w₁) per tier: σ(λ) = σ(√q w₁) sets it (sigmoid's poles,
+# ±iπ, lie twice as far as tanh's); beyond the last tier (√q > 4.5): the reference
+_SMOOTH_TIERS = {"tanh": ((1.5, 0.18), (3.0, 0.09), (4.5, 0.06)),
+                 "sigmoid": ((3.0, 0.18), (4.5, 0.09))}
+_SMOOTH_STEP_W2 = 0.3  # spacing in w₂ (only y(ν), unit scale, there)
+_SMOOTH_TAIL = 9.0  # φ(9) ≈ 1e-18
+
+
+def _smooth(act: Activation) -> bool:
+    """Whether the smooth rule serves σ: a registry σ without kinks, analytic in a strip
+    (:data:`_SMOOTH_NAMES`, or a polynomial)."""
+    if act.breakpoints:
+        return False
+    return act.polynomial_degree is not None or (act.name in _SMOOTH_NAMES
+                                                 and act is get_activation(act.name))
+
+
+def _trapezoid(step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes kh, |kh| ≤ _SMOOTH_TAIL, and weights ∝ hφ(kh) summing to 1 (E[1] = 1 exactly):
+    the trapezoid rule, error ~ e^{−2πd/h} for an integrand analytic in the strip |Im| < d."""
+    x = step * np.arange(-int(_SMOOTH_TAIL / step), int(_SMOOTH_TAIL / step) + 1)
+    w = np.exp(-0.5 * x * x)
+    return x, w / w.sum()
+
+
+def _smooth_pair(act: Activation, label, alpha: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """(4, N) pair moments (E[δν], E[δz], E[δ²], E[(σ(λ) − y(ν))²]) at λ = αν + βz for σ and
+    y = ``label`` (a :class:`_Labels`) analytic near the real line: one fixed tensor trapezoid
+    rule in the principal axes w₁ = λ/√q, w₂ = (αz − βν)/√q (q = α² + β²), so ν = cw₁ − sw₂,
+    z = sw₁ + cw₂ (c, s = α, β over √q). σ(λ), σ′(λ) depend on w₁ alone; with the inner sums
+    Uₖ(w₁) = E_{w₂}[y(ν)·(1, w₂, y(ν))] every moment is one sum over w₁, e.g.
+    E[δν] = E[σ′(λ)(σ(λ)cw₁ − cw₁U₀ + sU₁)]. The w₁ spacing is fixed per tier of √q and σ
+    (:data:`_SMOOTH_TIERS`; tanh's for erf and polynomials); vectorised over states in
+    blocks; states with √q above the last tier take the adaptive reference
+    :func:`_pair_reference`."""
+    tiers = _SMOOTH_TIERS.get(act.name, _SMOOTH_TIERS["tanh"])
+    root = np.hypot(alpha, beta)
+    tier = np.searchsorted([t[0] for t in tiers], root)
+    out = np.empty((4, alpha.size))
+    beyond = tier == len(tiers)
+    if beyond.any():
+        out[:, beyond] = _pair_reference(act, label, alpha[beyond], beta[beyond])
+    safe = np.where(root > 0, root, 1.0)
+    cos, sin = np.where(root > 0, alpha / safe, 1.0), np.where(root > 0, beta / safe, 0.0)
+    x2, w2 = _trapezoid(_SMOOTH_STEP_W2)
+    for i, (_, h1) in enumerate(tiers):
+        _smooth_block(act, label, (root, cos, sin), np.flatnonzero(tier == i),
+                      (*_trapezoid(h1), x2, w2), out)
+    return out
+
+
+def _smooth_block(act: Activation, label, geometry, idx: np.ndarray, rule, out: np.ndarray):
+    """:func:`_smooth_pair`'s sums for the states ``idx`` on one tensor ``rule`` (x₁, w₁, x₂,
+    w₂), written into ``out``; ``geometry`` = (√q, c, s) of all states."""
+    root, cos, sin = geometry
+    x1, w1, x2, w2 = rule
+    step = max(1, _CHUNK // (x1.size * x2.size))
+    for lo in range(0, idx.size, step):
+        k = idx[lo:lo + step]
+        c, s = cos[k, None], sin[k, None]
+        lam = root[k, None] * x1
+        sig, der = act.fn(lam), act.deriv(lam)
+        y = label.fn(c[..., None] * x1[:, None] - s[..., None] * x2)
+        u0, u1, u2 = y @ w2, y @ (w2 * x2), (y * y) @ w2
+        cw = c * x1
+        gap2 = sig * sig - 2.0 * sig * u0 + u2  # E_{w₂}[(σ(λ) − y)²]
+        out[:, k] = [(der * (sig * cw - cw * u0 + s * u1)) @ w1,
+                     (der * (sig * s * x1 - s * x1 * u0 - c * u1)) @ w1,
+                     (der * der * gap2) @ w1, gap2 @ w1]
+
+
+def _smooth_moments(act: Activation, mu: float, a: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """(4, N) aligned moments from :func:`_smooth_pair` with y = σ(ν): E[δs] = mE[δν] +
+    √(1−m²)E[δz]."""
+    root, alpha, beta, _ = _pair(mu, a, m)
+    d_nu, d_z, d2, gap = _smooth_pair(act, _Labels(act, False), alpha, beta)
+    return np.array([m * d_nu + root * d_z, d_nu, d2, gap])
+
 
 def _fast_moments(act: Activation):
     """(mu, a, m) ↦ (4, N) moments (E[δs], E[δν], E[δ²], E[(σ(λ) − σ(ν))²]) of flat states,
     vectorised over states: closed forms for the registry's ReLU and erf, the exact rule for
-    polynomial σ; ``None`` for any other σ."""
+    polynomial σ, the smooth rule (:func:`_smooth_moments`) for tanh and sigmoid; ``None`` for
+    any other σ (kinked or user-given)."""
     closed = _CLOSED_FORMS.get(act.name)
     if closed is not None and act is get_activation(act.name):
         return closed
     if act.polynomial_degree is not None:
         return lambda mu, a, m: _polynomial_moments(act, mu, a, m)
+    if _smooth(act):
+        return lambda mu, a, m: _smooth_moments(act, mu, a, m)
     return None
 
 
@@ -579,13 +669,16 @@ _PAIR_CLOSED = {"relu": _relu_pair, "erf": _erf_pair_moments}
 def _pair_moments(setting: Pretraining):
     """(α, β) ↦ (4, N) pair moments of ``setting`` for flat arrays and whether they are
     vectorised: the closed forms (ReLU, erf with y = σ(ν)), the exact rule (polynomial σ and
-    y), else the adaptive reference state by state."""
+    y), the smooth rule (:func:`_smooth_pair`: σ and σ* kink-free registry ones), else the
+    adaptive reference state by state."""
     act, label = setting.activation, setting.label
     closed = _PAIR_CLOSED.get(act.name)
     if closed is not None and act is get_activation(act.name) and setting.same_teacher:
         return closed, True
     if label.rule_degree(act) is not None:
         return (lambda al, be: _pair_polynomial(act, label, al, be)), True
+    if _smooth(act) and _smooth(label.teacher):
+        return (lambda al, be: _smooth_pair(act, label, al, be)), True
     return (lambda al, be: _pair_reference(act, label, al, be)), False
 
 
@@ -680,7 +773,8 @@ def general_loss(setting: Pretraining, a, m, q=None, rho=None):
 
 def general_flow(setting: Pretraining, a0, m0, times, q0=None, *, rho=None, eta=None, d=None,
                  batch=None) -> PretrainedFlow:
-    """The flow of ``setting`` from each start (a0[r], m0[r][, q0[r]]) to the sorted ``times``
+    """The flow of ``setting`` from each start (``a0[r]``, ``m0[r]``, and ``q0[r]`` for the
+    mixed base) to the sorted ``times``
     (DOP853 as :func:`pretrained_flow`; one system when the pair moments are vectorised);
     ``q`` of the result is set for the mixed base, ``rho`` (R,) gives each run its own
     ⟨ζ, u⟩ (else the setting's)."""

@@ -6,6 +6,7 @@ import click
 
 from sims.bench.engine import command as bench_engine
 from sims.bench.hermite import command as bench_hermite
+from sims.bench.theory import command as bench_theory
 
 
 @click.group("bench")
@@ -15,3 +16,4 @@ def bench():
 
 bench.add_command(bench_hermite)
 bench.add_command(bench_engine)
+bench.add_command(bench_theory)

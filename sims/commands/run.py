@@ -174,13 +174,14 @@ def _name_override(exc: SpecError, overrides: dict) -> None:
         raise err from None
 
 
-def run_config(spec_path, *, eta, steps, spec: dict | None = None, base=None,
+def run_config(spec_path, *, eta, steps, spec: dict | None = None, built=None,
                **options) -> tuple[RunConfig, list[str]]:
     """Build the RunConfig (validated by :func:`dynamics.engines.resolve.resolve_run`, in the
     pre-flight checks); ``eta``/``steps`` None → defaults (noted in the list).
-    ``spec``/``base``: the spec dict and its instance when the caller has them already."""
+    ``spec``/``built``: the spec dict and its instance when the caller has them already (not
+    ``base``: that is a learner option, pretrained-glm's)."""
     spec = load_spec(spec_path) if spec is None else spec
-    base = build_instance(spec) if base is None else base
+    base = build_instance(spec) if built is None else built
     if base.d is None:
         raise ValueError(f"instance spec {spec_path}: key 'd' is required to simulate")
     # the shared fields first, cheaply: a bad option is refused before any default is computed
@@ -469,7 +470,7 @@ def _run(request: RunRequest) -> None:
         base = build_instance(spec_dict)  # the spec's instance, built once
         options = given_options(ctx, request.learner_options, learner,
                                 table=request.table_options)
-        config, notes = run_config(spec, spec=spec_dict, base=base, learner=learner,
+        config, notes = run_config(spec, spec=spec_dict, built=base, learner=learner,
                                    **request.config_fields(), **options)
         resolved = preflight(config, instance=base)  # validated there, before any compute
     except SpecError as exc:

@@ -64,16 +64,19 @@ def describe(path) -> dict:
 def summary(traj) -> dict:
     """``Trajectory.summary()`` (signed ⟨û, u⟩) plus the same of |⟨û, u⟩| (what the
     reproduce figures draw): ``median_final_abs_overlap``, ``fraction_abs_past_0.9``,
-    ``median_steps_to_abs_0.5``."""
+    ``median_steps_to_abs_0.5`` (a run that never reached 0.5 counting as later than all, as
+    in the run's own summary: NaN where half or more never did) and
+    ``fraction_reached_abs_0.5``."""
     out = traj.summary()
     ok = ~traj.diverged
     final = np.abs(np.asarray(traj.overlap, float)[ok, -1])
     hit = np.abs(np.asarray(traj.overlap, float)[ok]) >= 0.5
-    steps = np.where(hit.any(axis=1), np.asarray(traj.steps)[np.argmax(hit, axis=1)], np.nan)
+    steps = np.where(hit.any(axis=1), np.asarray(traj.steps)[np.argmax(hit, axis=1)], np.inf)
+    median = float(np.median(steps)) if steps.size else math.inf
     out["median_final_abs_overlap"] = float(np.median(final)) if final.size else math.nan
     out["fraction_abs_past_0.9"] = float(np.mean(final >= 0.9)) if final.size else 0.0
-    out["median_steps_to_abs_0.5"] = (float(np.nanmedian(steps)) if np.isfinite(steps).any()
-                                      else math.nan)
+    out["median_steps_to_abs_0.5"] = median if math.isfinite(median) else math.nan
+    out["fraction_reached_abs_0.5"] = float(np.mean(hit.any(axis=1))) if steps.size else 0.0
     return out
 
 
@@ -147,7 +150,8 @@ def _final(s: dict, network: bool) -> str:
     """The median final overlap, named: |⟨û,u⟩| and the signed one (a from-scratch learner:
     its alignment), and the median steps to 0.5 of the same."""
     t05 = s["median_steps_to_abs_0.5"]
-    reach = f"{t05:.0f}" if t05 == t05 else "not reached"
+    reach = (f"{t05:.0f}" if t05 == t05 else "not reached "
+             f"({s.get('fraction_reached_abs_0.5', 0.0):.0%} of the runs did)")
     if network:
         return (f"median final alignment {s['median_final_overlap']:.4g}, median steps to "
                 f"alignment 0.5 {reach}")
