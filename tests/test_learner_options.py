@@ -33,6 +33,8 @@ def _other_value(spec):
         return next(c for c in spec.choices if c != spec.default)
     if spec.kind is int:
         return 2 if spec.default in (None, 1) else spec.default + 1
+    if spec.check == "activation":
+        return "tanh"
     if spec.kind is str:
         return "rows.npy"
     return 0.5

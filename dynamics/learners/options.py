@@ -39,14 +39,15 @@ class OptionSpec:
     nullable: bool
     help: str
     choices: tuple | None = None
-    check: str | None = None  # "positive" (> 0), "nonnegative" (≥ 0) or "unit" (in (0, 1))
+    check: str | None = None  # "positive" (> 0), "nonnegative" (≥ 0), "unit" (in (0, 1)),
+    # or "activation" (a name hermite.activations knows)
     learners: tuple = ()
 
 
 def option(default, help: str, *, choices: tuple | None = None, check: str | None = None):
     """A field of an :class:`Options` dataclass: ``default``, one line of ``help``, and the
     accepted values (``choices``, or ``check`` = ``positive`` / ``nonnegative`` / ``unit``:
-    in the open interval (0, 1))."""
+    in the open interval (0, 1) / ``activation``: an activation name)."""
     return field(default=default, metadata={"help": help, "choices": choices, "check": check})
 
 
@@ -103,6 +104,8 @@ def _check_value(spec: OptionSpec, value) -> None:
             f"must be an integer{bound}"
     elif spec.kind is float:
         ok, problem = in_bound and math.isfinite(value), f"must be a finite number{bound}"
+    elif spec.check == "activation":
+        ok, problem = _activation_problem(value)
     else:
         ok, problem = isinstance(value, str), "must be a string"
     if not ok:
@@ -183,3 +186,16 @@ def low_rank_variant(config, frozen_c: str = ", frozen ĉ") -> str:
     config dict (``Learner.variant``)."""
     return ("projected" if config.get("project", True) else "unprojected") + (
         ", joint ĉ" if config.get("joint_c") else frozen_c)
+
+
+def _activation_problem(value) -> tuple[bool, str]:
+    """(whether ``value`` names an activation, the problem if not: hermite's own message)."""
+    from hermite.activations import get_activation
+
+    if not isinstance(value, str):
+        return False, "must be an activation name"
+    try:
+        get_activation(value)
+    except ValueError as exc:  # "unknown activation 'x'; valid names: …"
+        return False, f"must be an activation name ({str(exc).partition('; ')[2]})"
+    return True, ""

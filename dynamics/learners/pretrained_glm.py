@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from dynamics.activations import torch_activation
-from dynamics.errors import ConfigError
 from dynamics.lazy import lazy_import
 from dynamics.learners.base import Learner, Memory, RunResult, TensorState, make_trajectory
 from dynamics.learners.directions import overlap_np
@@ -42,7 +41,6 @@ from dynamics.learners.options import Options, option
 from dynamics.learners.problem import Problem
 from dynamics.measures.losses import LOSS_EXACT
 from dynamics.randomness.sampling import run_seed, uniform_perp_directions
-from hermite.activations import get_activation
 from hermite.flows.pretrained import (
     LABELS,
     Pretraining,
@@ -90,17 +88,9 @@ class PretrainedGLMOptions(Options):
                                   "(w₀ = μu + (1 − μ)ζ, ζ a uniform unit vector per run).",
                        choices=BASES)
     teacher_activation: str | None = option(None, "Teacher σ* of y = σ*(⟨u, x⟩) [default: the "
-                                                  "student's σ].")
+                                                  "student's σ].", check="activation")
     labels: str = option("y", "Labels: y = σ*(⟨u, x⟩), or y2 = σ*(⟨u, x⟩)² (phase "
                               "retrieval-like).", choices=LABELS)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.teacher_activation is not None:
-            try:
-                get_activation(self.teacher_activation)
-            except ValueError as exc:
-                raise ConfigError("teacher_activation", str(exc)) from None
 
 
 class PretrainedGLM(Learner):
