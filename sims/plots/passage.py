@@ -224,6 +224,19 @@ def format_table(rows, x: str = "xi/sqrt(k)") -> str:
 
 
 # ---------------------------------------------------------------- drawing
+def _draw_median(ax, xs, medians, horizon: float, nudge: float, label: str, style: dict):
+    """A line of per-curve medians of a theory line's passages (where finite, ``style``) and,
+    beside the horizon (x × ``nudge``), an open marker where that median lies beyond it."""
+    med = np.asarray(medians, dtype=float)
+    ok = np.isfinite(med)
+    if ok.any():
+        ax.plot(xs[ok], med[ok], zorder=3, label=label, **style)
+    beyond = np.isposinf(med)
+    if beyond.any():
+        ax.plot(xs[beyond] * nudge, np.full(beyond.sum(), horizon), ls="none",
+                marker=style["marker"], ms=5, mfc="white", color=style["color"], zorder=3)
+
+
 def draw_passage(ax, curves, x: str, level: float, xscale: str = "log", yscale: str = "log",
                  legend: bool = True) -> list[Passage]:
     """Draw a passage panel (module docstring) on ``ax``; returns the table it drew."""
@@ -263,24 +276,12 @@ def draw_passage(ax, curves, x: str, level: float, xscale: str = "log", yscale: 
     if beyond.any():
         ax.plot(xs[beyond] / NUDGE, np.full(beyond.sum(), horizon), ls="none", marker="D",
                 ms=5, mfc="white", color=ODE_COLOR, zorder=3)
-    corr = np.array([p.corrected_median for p in rows])
-    if np.isfinite(corr).any():  # the finite-d corrected ODE beside each run, where recorded
-        ok = np.isfinite(corr)
-        ax.plot(xs[ok], corr[ok], ls="-.", lw=1.3, color=ODE_COLOR, marker="v", ms=3.5,
-                zorder=3, label="median of the finite-d corrected ODE beside each run")
-    beyond = np.isposinf(corr)
-    if beyond.any():
-        ax.plot(xs[beyond] * NUDGE, np.full(beyond.sum(), horizon), ls="none", marker="v", ms=5,
-                mfc="white", color=ODE_COLOR, zorder=3)
-    fxi = np.array([p.finite_xi_median for p in rows])
-    if np.isfinite(fxi).any():  # the finite-ξ line beside each run, where recorded
-        ok = np.isfinite(fxi)
-        ax.plot(xs[ok], fxi[ok], ls=":", lw=1.6, color=FINITE_XI_COLOR, marker="^", ms=4,
-                zorder=3, label="median of the finite-ξ line beside each run")
-    beyond = np.isposinf(fxi)
-    if beyond.any():
-        ax.plot(xs[beyond] * NUDGE**2, np.full(beyond.sum(), horizon), ls="none", marker="^",
-                ms=5, mfc="white", color=FINITE_XI_COLOR, zorder=3)
+    _draw_median(ax, xs, [p.corrected_median for p in rows], horizon, NUDGE,
+                 "median of the finite-d corrected ODE beside each run",
+                 dict(ls="-.", lw=1.3, color=ODE_COLOR, marker="v", ms=3.5))
+    _draw_median(ax, xs, [p.finite_xi_median for p in rows], horizon, NUDGE**2,
+                 "median of the finite-ξ line beside each run",
+                 dict(ls=":", lw=1.6, color=FINITE_XI_COLOR, marker="^", ms=4))
     # SGD: median and 10–90 % (censored at the horizon)
     med = np.array([p.sgd_median for p in rows])
     lo = np.array([p.sgd_lo for p in rows])
