@@ -634,3 +634,45 @@ def test_budget_starts_spreads_over_the_starts():
     assert set(mu0[budget_starts(mu0, 3, least=1)]) == {-0.7, 0.1, 0.9}
     # a line drawn at all is drawn from at least MIN_RUNS = 4 starts, which its audit judges
     assert budget_starts(mu0, 1).sum() == 4 and budget_starts(mu0[:3], 1).sum() == 3
+
+
+def test_corrected_plan_costs_each_group_at_its_own_stiffness_and_leaves_finite_xi_cells():
+    """Issue 40: a batch's cells are costed each at its own stiffness (He₃'s grows with ξ:
+    fig1 full had costed five cells at the first's ≈ 4.7 s a start where the largest takes
+    ≈ 220 s, and ran for hours); where the finite-ξ line is drawn (ξ²/d ≥ 0.25) the corrected
+    line is not computed, and the reason says so; a cell whose one start is over its share of
+    the budget is left out by name."""
+    import dynamics.overlays.finetune as overlay
+    from dynamics.overlays.finetune import FINITE_XI_MIN, corrected_plan, finetune_start
+
+    d, k = 1000, 20
+    spec = dict(activation="he3", k=k, d=d, W="separated", c="gaussian", c_hat="gaussian",
+                seed=0)
+    small, mid, large = (build_instance(spec | {"xi": xi}) for xi in (4.4721, 8.9443, 17.8885))
+    assert small.xi ** 2 / d < mid.xi ** 2 / d < FINITE_XI_MIN <= large.xi ** 2 / d
+    cfg = RunConfig(instance=spec | {"xi": 4.4721}, eta=5e-7, steps=3_000_000, runs=12,
+                    joint_c=True, project=False, checkpoints=5)
+    instances = [small] * 4 + [mid] * 4 + [large] * 4
+    m0 = np.tile([1.0, -1.0], 6) / np.sqrt(d)
+    start = finetune_start(cfg, instances, m0)
+    steps = np.linspace(0, cfg.steps, 5)
+    each = [overlay.corrected_seconds(cfg, [inst], steps,
+                                      overlay._group_rate(cfg, inst, np.arange(4), start))
+            for inst in (small, mid)]
+    assert each[1] > 2 * each[0]  # the stiffness of each cell, not the first's
+    overlay_budget = overlay.CORRECTED_BUDGET_S
+    try:
+        overlay.CORRECTED_BUDGET_S = 1e9  # every start fits, but not the finite-ξ cell
+        chosen, partial, why = corrected_plan(cfg, instances, steps, start)
+        assert chosen[:8].all() and not chosen[8:].any() and why is None
+        assert "ξ²/d ≥ 0.25" in partial
+        overlay.CORRECTED_BUDGET_S = each[0] + each[1]  # a share of (e₀ + e₁)/2: e₁ over it
+        chosen, partial, why = corrected_plan(cfg, instances, steps, start)
+        assert chosen[:4].all() and not chosen[4:].any()
+        assert "ξ = 8.944" in partial and "ξ²/d ≥ 0.25" in partial
+        overlay.CORRECTED_BUDGET_S = each[0] / 2  # no cell's start fits: not recorded at all
+        chosen, partial, why = corrected_plan(cfg, instances, steps, start)
+        assert not chosen.any() and partial is None and why.startswith(
+            "finite-d corrected ODE not recorded")
+    finally:
+        overlay.CORRECTED_BUDGET_S = overlay_budget

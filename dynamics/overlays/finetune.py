@@ -56,6 +56,7 @@ __all__ = [
     "finetune_start",
     "initial_drift_sign",
     "budget_groups",
+    "corrected_plan",
     "budget_starts",
     "finetune_regime",
     "finite_xi_applies",
@@ -209,30 +210,16 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
     shape = (len(instances), len(steps))
     p0, mu0, c0 = finetune_start(config, instances, m0, start)
     corrected = corrected_applies(config, instances[0].d)
-    rho = _start_rate(config, instances, p0, mu0, c0) if corrected else 0.0
-    cost = corrected_seconds(config, instances, steps, rho) if corrected else 0.0
     why = {}  # attribute of ``ode`` (corrected, band, no_theory) → why that line is left out
-    chosen = np.ones(len(instances), dtype=bool)  # the runs whose corrected line is computed
-    partial = None  # its ``partial`` attribute where that is some of the runs only
-    if cost > CORRECTED_BUDGET_S:
-        chosen = budget_groups(group_runs(instances), mu0,
-                               int(len(instances) * CORRECTED_BUDGET_S // cost))
-        if chosen.all():  # raised to MIN_RUNS starts, which here are all of them
-            pass
-        elif chosen.any():
-            partial = (f"finite-d corrected ODE from some runs' starts only (spread over their "
-                       f"⟨û₀, u⟩; NaN in the others): all {len(instances)} ≈ {cost:.0f} s > "
-                       f"{CORRECTED_BUDGET_S:g} s")
-            print(f"note: finite-d corrected ODE from {int(chosen.sum())} of {len(instances)} "
-                  f"runs' starts (all of them ≈ {cost:.0f} s > {CORRECTED_BUDGET_S:g} s)",
-                  file=sys.stderr)
-        else:
-            corrected = False
-            why["corrected"] = (f"finite-d corrected ODE not recorded: ≈ {cost:.0f} s for "
-                                f"{len(instances)} runs, {cost / len(instances):.0f} s for one "
-                                f"> {CORRECTED_BUDGET_S:g} s (loradyn hermite ode --corrected "
-                                "gives it from chosen starts)")
-            print(f"note: {why['corrected']}", file=sys.stderr)
+    chosen, partial, left_out = (corrected_plan(config, instances, steps, (p0, mu0, c0))
+                                 if corrected else (None, None, None))
+    if corrected and not chosen.any():
+        corrected = False
+        why["corrected"] = left_out
+        print(f"note: {left_out}", file=sys.stderr)
+    elif partial:
+        print(f"note: {partial}", file=sys.stderr)
+    rho = _start_rate(config, instances, p0, mu0, c0) if corrected else 0.0
     ode, c_ode = np.full(shape, np.nan), np.full(shape, np.nan)
     corr, c_corr = np.full(shape, np.nan), np.full(shape, np.nan)
     band, band_skipped = (_joint_band_plan(config, instances, steps, rho) if corrected
@@ -246,8 +233,8 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
         sol = _attempt(failed, "ode", idx, hermite.finetune_ode, inst, regime, steps, start)
         if sol is not None:
             ode[idx], c_ode[idx] = sol.m, sol.c_overlap
-        cidx = idx[chosen[idx]]
-        if corrected and cidx.size:
+        cidx = idx[chosen[idx]] if corrected else idx[:0]
+        if cidx.size:
             chosen_start = hermite.FinetuneStart(mu0=mu0[cidx], p0=p0[cidx], c_hat0=c0[cidx])
             sol = _attempt(failed, "corrected", cidx, hermite.finetune_ode, inst, regime, steps,
                            chosen_start, corrected=True)
@@ -504,10 +491,19 @@ def _rk4_steps(config, steps, rho: float = 0.0) -> int:
 
 def _start_rate(config, instances: list[Instance], p0, mu0, c0) -> float:
     """ρ of the corrected ODE at the starts of the first run group's first 4 runs
-    (:func:`hermite.finetune.population.drift_rate`, per SGD step; 0 where it fails)."""
+    (:func:`_group_rate`)."""
+    inst, idx = group_runs(instances)[0]
+    return _group_rate(config, inst, idx, (p0, mu0, c0))
+
+
+def _group_rate(config, inst: Instance, idx, start) -> float:
+    """ρ of the corrected ODE of the runs ``idx`` of ``inst`` at their first 4 starts
+    (``start`` = (p₀, μ₀, ĉ₀) of every run; :func:`hermite.finetune.population.drift_rate`,
+    per SGD step; 0 where it fails): the drift's stiffness grows with ξ (He₃, d = 1000,
+    k = 20: ρ = 6·10⁻⁵ at ξ = √k, 2.8·10⁻³ at 16√k), so each group has its own."""
     from hermite.finetune.population import drift_rate
 
-    inst, idx = group_runs(instances)[0]
+    p0, mu0, c0 = start
     idx = idx[:4]
     model = hermite.FinetuneModel.of(inst, finetune_regime(config, inst))
     try:
@@ -516,6 +512,56 @@ def _start_rate(config, instances: list[Instance], p0, mu0, c0) -> float:
     except (ArithmeticError, ValueError):  # the integration says why (finetune_theory)
         return 0.0
     return rho if math.isfinite(rho) else 0.0
+
+
+def corrected_plan(config, instances: list[Instance], steps, start):
+    """(mask of the runs whose finite-d corrected ODE is computed, the ``partial`` note or
+    None, why it is nowhere computed or None). ``start`` = (p₀, μ₀, ĉ₀) of every run.
+
+    Each instance group is costed at its own stiffness (:func:`_group_rate`,
+    :func:`corrected_seconds`). Not in a group where :func:`finite_xi_applies`: there the
+    finite-ξ line carries the same finite-d drift with the step noise, the line to read
+    (the corrected ODE without that noise is off where the plain one is, against 1024 chain
+    runs: docs/theory/audit.md), and the escape line costs most (He₃, d = 1000, k = 20:
+    ≈ 90 s a start at ξ = 4√k). Where all groups' starts cost more than
+    ``CORRECTED_BUDGET_S``, each group gets an equal share of it and is drawn from as many
+    starts as that allows (:func:`budget_starts`: at least ``MIN_RUNS``), or not at all where
+    one start costs more than its share."""
+    _, mu0, _ = start
+    chosen = np.zeros(len(instances), dtype=bool)
+    groups = group_runs(instances)
+    own = [(inst, idx) for inst, idx in groups if not finite_xi_applies(config, inst)]
+    per_start = [corrected_seconds(config, [inst], steps, _group_rate(config, inst, idx, start))
+                 for inst, idx in own]
+    total = sum(cost * idx.size for cost, (_, idx) in zip(per_start, own, strict=True))
+    share = CORRECTED_BUDGET_S / max(1, len(own))
+    costly = []  # the groups left out by their cost
+    for cost, (inst, idx) in zip(per_start, own, strict=True):
+        if total <= CORRECTED_BUDGET_S:
+            chosen[idx] = True
+        elif cost > share:
+            costly.append(f"ξ = {inst.xi:.4g}: ≈ {cost:.0f} s a start")
+        else:
+            chosen[idx] = budget_starts(mu0[idx], int(share // cost))
+    skipped = len(own) < len(groups)
+    notes = ([f"none where ξ²/d ≥ {FINITE_XI_MIN:g} (the finite-ξ line, the same drift with "
+              "the step noise, is drawn there)"] if skipped else [])
+    if costly:
+        notes.append(f"none at {'; '.join(costly)} > {share:.3g} s (its share of the "
+                     f"{CORRECTED_BUDGET_S:g} s budget; loradyn hermite ode --corrected gives "
+                     "it from chosen starts)")
+    if not chosen.any():
+        if not notes:  # one group whose single start is over the budget
+            notes.append(f"≈ {total:.0f} s for {len(instances)} runs > "
+                         f"{CORRECTED_BUDGET_S:g} s")
+        return chosen, None, "finite-d corrected ODE not recorded: " + "; ".join(notes)
+    if chosen.all():
+        return chosen, None, None
+    if total > CORRECTED_BUDGET_S:
+        notes.insert(0, f"from {int(chosen.sum())} of {len(instances)} runs' starts, spread "
+                     f"over their ⟨û₀, u⟩ (all ≈ {total:.0f} s > {CORRECTED_BUDGET_S:g} s)")
+    return chosen, ("finite-d corrected ODE from some runs' starts only (NaN in the others): "
+                    + "; ".join(notes)), None
 
 
 def _kernel_kind(inst: Instance) -> str:
