@@ -6,7 +6,8 @@ uses is documented in :mod:`.base`.
 Modules: ``base`` (the protocol), ``registry`` (learners by name), ``options`` (each
 learner's options), ``problem`` (instances as tensors), ``directions`` (initial û₀),
 ``given_rows`` (user-given rows); one file per learner: ``finetune``, ``glm`` (with
-``glm_map``), ``linearized``, ``lora``, ``lora_ba``, ``moment``, ``network`` (with its compiled
+``glm_map``), ``linearized``, ``lora``, ``lora_ba`` (with ``lora_ba_rows``: given base and
+target rows), ``moment``, ``network`` (with its compiled
 ``network_kernel``), ``pretrained_glm``. Imports ``overlays`` and the rooms below it.
 """
 

@@ -30,6 +30,14 @@ from each run's recorded (B₀, A₀) (``hermite.flows.lora_ba``); with ``finite
 ``ode_corrected``: the finite-η·d flow (the rest's SGD noise; rank 1: mean over B's noise kick
 at the escape, ``hermite.flows.lora_ba_escape``). Reduced engine: the exact
 chain in (B, Z, S) (``dynamics.reduced.lora_ba_chain``).
+
+Any base and target (options ``base_rows``, ``base_norms``/``base_corr``, ``target_rows``,
+``normalize_rows``; ``dynamics.learners.lora_ba_rows``): W and the teacher rows W* in the first
+t = dim span(W, W*) coordinates (``self.width`` = t, ``self.lmat`` = W there); with
+``normalize_rows`` off the rows are used as they are (Nⱼ = 1, c = 0: ∂L/∂H = g xᵀ, g = δ) and
+the teacher is f* = Σλᵢσ(⟨w*ᵢ, x⟩). Observables, loss and flow of those rows
+(``lora_ba_rows.rows_observables``, ``rows_loss``, ``hermite.flows.lora_ba.BARowsGeometry``).
+All options at their defaults: the paper's teacher, number for number.
 """
 
 from __future__ import annotations
@@ -43,8 +51,17 @@ from dynamics.errors import ConfigError
 from dynamics.lazy import lazy_import
 from dynamics.learners.base import Learner, Memory, RunResult, TensorState, make_trajectory
 from dynamics.learners.linearized import reduce_rows, top_overlap, true_loss
+from dynamics.learners.lora_ba_rows import (
+    BARows,
+    ba_rows,
+    ba_rows_of_instances,
+    is_general,
+    rows_files,
+    rows_loss,
+    rows_observables,
+)
 from dynamics.learners.options import Options, option
-from dynamics.learners.problem import Problem, rowmat
+from dynamics.learners.problem import Problem, per_run, rowmat
 from dynamics.measures.observables import group_runs
 from dynamics.randomness.sampling import run_seed
 
@@ -81,6 +98,18 @@ class LoRABAOptions(Options):
     train_a: bool = option(True, "Train A (plain SGD, step η); --no-train-a: A frozen.")
     lr_ratio: float = option(1.0, "Step-size ratio η_B/η_A (LoRA+): B moves with "
                                   "lr_ratio·η.", check="positive")
+    base_rows: str | None = option(None, "Pre-trained rows W from a file (.npy or text, a "
+                                         "k×d array, any norms) [default: the instance's W].")
+    base_norms: str | None = option(None, "Draw W with these row norms (one number or k, "
+                                          "comma-separated; Gram diag(n)((1−ρ)I + ρ11ᵀ)"
+                                          "diag(n)) [default: 1 with base_corr].")
+    base_corr: float | None = option(None, "Correlation ρ ∈ (−1/(k−1), 1) of the drawn W's "
+                                           "rows (with base_norms) [default: 0].")
+    target_rows: str | None = option(None, "Teacher rows W* from a file (k×d, in the base's "
+                                           "coordinates) [default: W + ξcuᵀ].")
+    normalize_rows: bool = option(True, "Divide student and teacher rows by their norms "
+                                        "(unit convention); --no-normalize-rows: use "
+                                        "H = W + sBA and W* as they are.")
 
 
 @dataclass
@@ -139,10 +168,17 @@ class LoRABA(Learner):
     chain = ("dynamics.reduced.lora_ba_chain", "LoraBAChain")  # the exact chain in (B, Z, S)
 
     @classmethod
+    def given_rows(cls, config):
+        """The ``base_rows``/``target_rows`` files (``lora_ba_rows.rows_files``), or None."""
+        return rows_files(config.options)
+
+    @classmethod
     def memory(cls, config, d: int, k: int) -> Memory:
-        """B (k×r) and A (r×d); records B and A's r × (k + 1 + r) reduced coordinates."""
+        """B (k×r) and A (r×d); records B and A's r × (t + r) reduced coordinates (t = k + 1,
+        at most 2k with a ``target_rows`` file)."""
         r = int(config.options.rank)
-        return Memory(state=k * r + r * d, records=k * r + r * (k + 1 + r), prepared=2 * k + 4)
+        t = k + 1 if config.options.target_rows is None else 2 * k
+        return Memory(state=k * r + r * d, records=k * r + r * (t + r), prepared=2 * k + 4)
 
     @classmethod
     def variant(cls, config, frozen_c: str = ", frozen ĉ") -> str:
@@ -159,17 +195,28 @@ class LoRABA(Learner):
             parts.append("A frozen")
         if config.get("lr_ratio", 1.0) != 1.0:
             parts.append(f"η_B/η_A {config['lr_ratio']:g}")
+        if config.get("base_rows") is not None or config.get("base_norms") is not None \
+                or config.get("base_corr") is not None:
+            parts.append("given base")
+        if config.get("target_rows") is not None:
+            parts.append("given target")
+        if not config.get("normalize_rows", True):
+            parts.append("rows as they are")
         return ", ".join(parts)
 
     @classmethod
     def check(cls, config, instance) -> None:
-        """The rank must not exceed d."""
+        """The rank must not exceed d; base and target rows must be readable and fit
+        (``lora_ba_rows``: shapes, norms, ρ, no zero row where normalised)."""
         r, d = config.options.rank, instance.d
         if d is not None and r > d:
             raise ConfigError("rank", f"must be ≤ d = {d} for lora-ba, got {r}")
+        if is_general(config.options) and d is not None:
+            ba_rows_of_instances(config.options, [instance])
 
     def __init__(self, problem: Problem, *, eta: float, rank: int = 1, alpha: float | None = None,
-                 train_a: bool = True, lr_ratio: float = 1.0, label_noise: float = 0.0):
+                 train_a: bool = True, lr_ratio: float = 1.0, label_noise: float = 0.0,
+                 rows: BARows | None = None):
         if lr_ratio <= 0:
             raise ConfigError("lr_ratio", f"must be a finite number > 0, got {lr_ratio!r}")
         self.problem, self.k, self.rank = problem, problem.k, rank
@@ -177,13 +224,30 @@ class LoRABA(Learner):
         self.train_a, self.lr_ratio = train_a, lr_ratio
         self.noise_sd = math.sqrt(label_noise)
         self.eta_r = eta * torch.ones_like(problem.xi)
-        self.w_sq = (problem.l * problem.l).sum(-1).expand(problem.runs, self.k)  # ‖wⱼ‖²
+        # the base in the frame's first ``width`` coordinates (lora_ba_rows; None: the paper's)
+        self.rows, self.normalize = rows, True if rows is None else rows.normalize
+        if rows is None:
+            self.width, self.lmat, self.lt = self.k, problem.l, problem.lt
+        else:
+            x = problem.xi
+
+            def t(v):
+                return torch.as_tensor(np.ascontiguousarray(v), dtype=x.dtype, device=x.device)
+
+            self.width, self.lmat = rows.t, t(rows.w)
+            self.lt, self.vt = t(np.swapaxes(rows.w, 1, 2)), t(np.swapaxes(rows.v, 1, 2))
+        self.w_sq = (self.lmat * self.lmat).sum(-1).expand(problem.runs, self.k)  # ‖wⱼ‖²
 
     @classmethod
     def from_config(cls, config, problem: Problem) -> LoRABA:
         o = config.options
+        rows = None
+        if is_general(o):
+            arrays = {n: getattr(problem, n).double().cpu().numpy()
+                      for n in ("l", "u_w", "u_perp", "c", "xi", "lam")}
+            rows = ba_rows(o, problem.d, arrays)
         return cls(problem, eta=config.eta, rank=o.rank, alpha=o.alpha, train_a=o.train_a,
-                   lr_ratio=o.lr_ratio, label_noise=config.label_noise)
+                   lr_ratio=o.lr_ratio, label_noise=config.label_noise, rows=rows)
 
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.eta_r]
@@ -193,9 +257,16 @@ class LoRABA(Learner):
         p = self.problem
         b0, a0 = initial_factors(config, p.runs, p.d, p.k)
         state = self.init_state(b0, a0)
-        m0 = update_observables(instances, state.b.double().cpu().numpy()[:, None],
-                                reduce_rows(state.a, self.k)[:, None], self.scale)[0][:, 0]
+        m0 = self.observables(instances, state.b.double().cpu().numpy()[:, None],
+                              self.observe(state)["a"][:, None])[0][:, 0]
         return state, m0
+
+    def observables(self, instances, b: np.ndarray, a_red: np.ndarray):
+        """(overlap, extras) of records B, A (reduced): :func:`update_observables`, or
+        ``lora_ba_rows.rows_observables`` for a given base or target."""
+        if self.rows is None:
+            return update_observables(instances, b, a_red, self.scale)
+        return rows_observables(self.rows, b, a_red, self.scale)
 
     def init_state(self, b0, a0) -> LoRABAState:
         """State from B₀ (R, k, r) and A₀ (R, r, d) (numpy or tensors)."""
@@ -211,8 +282,12 @@ class LoRABA(Learner):
                 sqnorm: torch.Tensor | None = None) -> BAPrepared:
         """Wx and the labels of a chunk x (R, n, b, d), label normals eps (R, n, b)."""
         p = self.problem
-        z = rowmat(x[..., : self.k], p.lt)
-        y = p.teacher(x, z)
+        z = rowmat(x[..., : self.width], self.lt)
+        if self.rows is None:
+            y = p.teacher(x, z)
+        else:  # Σλᵢσ(⟨w*ᵢ, x⟩), W* in the frame's first t coordinates
+            pre = p.activation.fn(rowmat(x[..., : self.width], self.vt))
+            y = (pre * per_run(p.lam, z.dim())).sum(-1)
         if eps is not None and self.noise_sd > 0:
             y = y.add_(eps, alpha=self.noise_sd)
         return BAPrepared(z, y)
@@ -222,18 +297,22 @@ class LoRABA(Learner):
         """Per-example terms of step i of a prepared chunk (no in-place op on the state)."""
         p, s, b, a = self.problem, self.scale, state.b, state.a
         ax = torch.bmm(x, a.transpose(1, 2))  # (R, b, r)
-        pm = rowmat(a[..., : self.k], p.lt)  # P = A Wᵀ, (R, r, k)
+        pm = rowmat(a[..., : self.width], self.lt)  # P = A Wᵀ, (R, r, k)
         q = torch.bmm(a, a.transpose(1, 2))
-        bp = (b * pm.transpose(1, 2)).sum(-1)  # ⟨wⱼ, (BA)ⱼ⟩
-        bqb = (torch.bmm(b, q) * b).sum(-1)  # ‖(BA)ⱼ‖²
-        norm = torch.sqrt(self.w_sq + 2.0 * s * bp + s * s * bqb)
+        if self.normalize:
+            bp = (b * pm.transpose(1, 2)).sum(-1)  # ⟨wⱼ, (BA)ⱼ⟩
+            bqb = (torch.bmm(b, q) * b).sum(-1)  # ‖(BA)ⱼ‖²
+            norm = torch.sqrt(self.w_sq + 2.0 * s * bp + s * s * bqb)
+        else:  # rows as they are: Nⱼ = 1, no normalisation part (c = 0)
+            norm = torch.ones_like(self.w_sq)
         hx = pre.z[:, i] + s * torch.bmm(ax, b.transpose(1, 2))  # ⟨hⱼ, x⟩
         act = hx / norm[:, None]
         lam = p.lam[:, None]
         resid = pre.y[:, i] - (p.activation.fn(act) * lam).sum(-1)
         delta = (-2.0 * resid)[..., None] * lam * p.activation.deriv(act)
         g = delta / norm[:, None]
-        return BATerms(ax, pm, q, norm, resid, g, g * act / norm[:, None])
+        c = g * act / norm[:, None] if self.normalize else torch.zeros_like(g)
+        return BATerms(ax, pm, q, norm, resid, g, c)
 
     def _grad_b(self, state: LoRABAState, t: BATerms) -> torch.Tensor:
         """Σ over the examples of ∂L/∂B, (R, k, r): s(Σ g (Ax)ᵀ − diag(Σc)(Pᵀ + sBQ))."""
@@ -247,8 +326,8 @@ class LoRABA(Learner):
         bc = (b * t.c.sum(1)[..., None]).transpose(1, 2)  # Bᵀdiag(Σc), (R, r, k)
         grad = torch.bmm(torch.bmm(t.g, b).transpose(1, 2), x)
         grad = grad - s * torch.bmm(torch.bmm(bc, b), state.a)
-        head = grad[..., : self.k] - rowmat(bc, self.problem.l)  # Bᵀdiag(c) W: first k coords
-        return s * torch.cat([head, grad[..., self.k:]], -1)
+        head = grad[..., : self.width] - rowmat(bc, self.lmat)  # Bᵀdiag(c) W: W's coords
+        return s * torch.cat([head, grad[..., self.width:]], -1)
 
     def sample_gradients(self, state: LoRABAState, x: torch.Tensor,
                          eps: torch.Tensor | None = None):
@@ -287,23 +366,27 @@ class LoRABA(Learner):
 
     # ------------------------------------------------------------------ engine protocol
     def observe(self, state: LoRABAState) -> dict:
-        """B (R, k, r) and A in the reduced basis (R, r, k + 1 + r′), r′ = min(r, d − k − 1)."""
-        return {"b": state.b.double().cpu().numpy().copy(), "a": reduce_rows(state.a, self.k)}
+        """B (R, k, r) and A in the reduced basis (R, r, t + r′), r′ = min(r, d − t) (t = k + 1,
+        or the given rows' frame)."""
+        head = self.k if self.rows is None else self.width - 1  # reduce_rows keeps head + 1
+        return {"b": state.b.double().cpu().numpy().copy(), "a": reduce_rows(state.a, head)}
 
     def trajectory(self, result: RunResult):
         """Exact loss, overlap and the extras of the module docstring from the records; the
         population flow from each run's own (B₀, A₀) beside them."""
         rec, insts = result.records, result.instances
-        overlap, extra = update_observables(insts, rec["b"], rec["a"], self.scale)
+        overlap, extra = self.observables(insts, rec["b"], rec["a"])
         delta = self.scale * rec["b"] @ rec["a"]  # (R, C, k, D)
         ode, ode_extra = self.flow(result)
         extra |= {"ode_loss": ode_extra["loss"], "ode_update_overlap": ode_extra["update_overlap"]}
         attrs = {name: {"note": FLOW_NOTE} for name in ("ode", "ode_loss", "ode_update_overlap")}
         theory = {"ode": ode}
-        if (corr := self.corrected(result)) is not None:
+        if self.rows is None and (corr := self.corrected(result)) is not None:
             theory["ode_corrected"], attrs["ode_corrected"] = corr
-        return make_trajectory(result, overlap, true_loss(insts, delta), loss_kind="exact",
-                               extra=extra, theory=theory, extra_attrs=attrs)
+        loss = true_loss(insts, delta) if self.rows is None else \
+            rows_loss(insts[0].activation, self.rows, delta)  # given rows: their exact loss
+        return make_trajectory(result, overlap, loss, loss_kind="exact", extra=extra,
+                               theory=theory, extra_attrs=attrs)
 
     def corrected(self, result: RunResult) -> tuple[np.ndarray, dict] | None:
         """(overlap (R, C), attributes) of the finite-η·d flow (``hermite.flows.lora_ba``'s
@@ -341,8 +424,9 @@ class LoRABA(Learner):
 
     def flow(self, result: RunResult) -> tuple[np.ndarray, dict]:
         """(overlap (R, C), {loss, update_overlap}) of the population flow
-        (``hermite.flows.lora_ba``) in τ = η·steps from each run's recorded (B₀, A₀)."""
-        from hermite.flows.lora_ba import lora_ba_flow
+        (``hermite.flows.lora_ba``) in τ = η·steps from each run's recorded (B₀, A₀); given
+        rows: the flow of their ``BARowsGeometry``."""
+        from hermite.flows.lora_ba import BARowsGeometry, lora_ba_flow
 
         rec, insts = result.records, result.instances
         runs, cps = len(insts), result.steps.size
@@ -350,11 +434,15 @@ class LoRABA(Learner):
         a = np.full((runs, cps) + rec["a"].shape[2:], np.nan)
         loss = np.full((runs, cps), np.nan)
         times = result.config.eta * result.steps.astype(float)
+        rows = self.rows
         for inst, idx in group_runs(insts):
-            out = lora_ba_flow(inst, rec["b"][idx, 0], rec["a"][idx, 0], times,
+            theory = inst if rows is None else BARowsGeometry(
+                inst.activation, rows.lam[idx[0]], rows.w[idx[0]], rows.v[idx[0]],
+                rows.normalize)
+            out = lora_ba_flow(theory, rec["b"][idx, 0], rec["a"][idx, 0], times,
                                scale=self.scale, lr_ratio=self.lr_ratio, train_a=self.train_a)
             b[idx], a[idx], loss[idx] = out.b, out.a, out.loss
-        overlap, extra = update_observables(insts, b, a, self.scale)
+        overlap, extra = self.observables(insts, b, a)
         return overlap, {"loss": loss, "update_overlap": extra["update_overlap"]}
 
 

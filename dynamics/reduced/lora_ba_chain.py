@@ -38,6 +38,11 @@ A = span(W, e) is the first t = k + 1 coordinates. Student H = W + sBA, rows nor
      = Σ aaᵀ over the d − t rest columns a drawn one by one (O(r²d) flops once per run, no
      O(d) memory): exact. B₀ = 0 or i.i.d. N(0, b_scale²).
 
+Given base and target rows (``dynamics.learners.lora_ba_rows``): A = span(W, W*), t = its
+dimension (≤ 2k); W's coordinates (k × t) replace L in (BA1)–(BA2), V = W*'s (divided by their
+norms where normalised); with rows as they are Nⱼ = 1 and cₙ = 0 (``LbHyper.normalize``). Nothing
+else changes: (BA0) needs only rotations fixing A pointwise to fix W, W* and x's law.
+
 Observables at checkpoints: B and [Z, C] (records ``b`` (R, C, k, r), ``a`` (R, C, r, t + r),
 the full engine's shapes) handed to ``LoRABA.trajectory`` (overlap |⟨v₁(BA), u⟩|,
 update_overlap, b_norm, a_norm, delta_norm, the exact loss, the population flow beside).
@@ -73,16 +78,27 @@ ENGINE = "reduced"
 LEARNER = "lora-ba"
 
 
-def min_dimension(k: int, rank: int, batch: int) -> int:
-    """The least d the chain reduces: t + r + b (t = k + 1)."""
-    return k + 1 + rank + batch
+def min_dimension(k: int, rank: int, batch: int, span: int | None = None) -> int:
+    """The least d the chain reduces: t + r + b (t = k + 1, or ``span`` = dim span(W, W*))."""
+    return (k + 1 if span is None else span) + rank + batch
+
+
+def _span(config, instance) -> int | None:
+    """t = dim span(W, W*) of given base/target rows (``lora_ba_rows``), None for the
+    paper's teacher (t = k + 1)."""
+    from dynamics.learners.lora_ba_rows import ba_rows_of_instances, is_general
+
+    if not is_general(config.options):
+        return None
+    return ba_rows_of_instances(config.options, [instance]).t
 
 
 @dataclass(frozen=True)
 class LoraBASettings:
     """The chain's regime: σ(asc·x) by (code, p, asc), s = α/r, η, lr_ratio, A trained, batch
     b, label-noise sd, d, rank r, and ``rest_dof`` replacing d − t − r (a test hook: a
-    deliberately wrong Wishart law)."""
+    deliberately wrong Wishart law); ``span`` t (None: k + 1) and ``normalize`` (rows divided
+    by their norms) for given base/target rows (``dynamics.learners.lora_ba_rows``)."""
 
     act: tuple
     scale: float
@@ -94,6 +110,8 @@ class LoraBASettings:
     d: int
     k: int
     rest_dof: int | None = None
+    span: int | None = None
+    normalize: bool = True
 
     @classmethod
     def from_config(cls, config, instance, rest_dof: int | None = None) -> LoraBASettings:
@@ -102,21 +120,24 @@ class LoraBASettings:
         return cls(compiled_activation(instance.activation),
                    float((r if o.alpha is None else o.alpha) / r), float(config.eta),
                    float(o.lr_ratio), bool(o.train_a), int(config.batch),
-                   math.sqrt(config.label_noise), int(instance.d), int(instance.k), rest_dof)
+                   math.sqrt(config.label_noise), int(instance.d), int(instance.k), rest_dof,
+                   _span(config, instance), bool(o.normalize_rows))
 
     def hyper(self, rank: int, n_steps: int, stop_level: float = math.inf) -> _lk.LbHyper:
         """The kernel's :data:`~.lora_ba_kernel.LbHyper` for a call of ``n_steps`` steps."""
-        dof = self.d - (self.k + 1) - rank if self.rest_dof is None else self.rest_dof
+        t = self.k + 1 if self.span is None else self.span
+        dof = self.d - t - rank if self.rest_dof is None else self.rest_dof
         code, hp, asc = self.act
         return _lk.LbHyper(int(code), int(hp), float(asc), self.scale, self.eta,
                            self.lr_ratio, self.train_a, self.batch, self.noise_sd, int(dof),
-                           int(n_steps), float(stop_level))
+                           int(n_steps), float(stop_level), self.normalize)
 
 
 class LoraBAStart:
-    """The runs' constants (per run: L (k×k), teacher rows V (k×t), λ (k), u (t)) and start
-    (BA5): streams, B₀, Z₀, C₀; ``learner``: the full engine's learner of the batch (its
-    ``trajectory`` reads the records)."""
+    """The runs' constants (per run: L (k×k), teacher rows V (k×t), λ (k), u (t); given rows:
+    W (k×t) in L's place, ``lora_ba_rows.BARows``) and start (BA5): streams, B₀, Z₀, C₀;
+    ``learner``: the full engine's learner of the batch (its ``trajectory`` reads the
+    records); ``t`` the dimension of A = span(W, W*)."""
 
     def __init__(self, config, instances):
         import torch
@@ -129,14 +150,21 @@ class LoraBAStart:
         self.learner = LoRABA.from_config(config, p)
         runs, k = p.runs, p.k
         self.rank = r = int(config.options.rank)
-        t = k + 1
         f64 = np.float64
-        self.lf = np.ascontiguousarray(np.broadcast_to(p.l.numpy(), (runs, k, k)), dtype=f64)
-        u = np.concatenate([np.broadcast_to(p.u_w.numpy(), (runs, k)),
-                            p.u_perp.numpy()[:, None]], -1)
-        base = np.concatenate([self.lf, np.zeros((runs, k, 1))], -1)
-        self.vt = np.ascontiguousarray(base * p.t_scale.numpy()[..., None]
-                                       + p.t_shift.numpy()[..., None] * u[:, None])
+        rows = self.learner.rows
+        if rows is None:
+            t = k + 1
+            self.lf = np.ascontiguousarray(np.broadcast_to(p.l.numpy(), (runs, k, k)),
+                                           dtype=f64)
+            u = np.concatenate([np.broadcast_to(p.u_w.numpy(), (runs, k)),
+                                p.u_perp.numpy()[:, None]], -1)
+            base = np.concatenate([self.lf, np.zeros((runs, k, 1))], -1)
+            self.vt = np.ascontiguousarray(base * p.t_scale.numpy()[..., None]
+                                           + p.t_shift.numpy()[..., None] * u[:, None])
+        else:  # given rows: W and W* (divided by its norms where normalised) in A's frame
+            t, u = rows.t, rows.u
+            self.lf, self.vt = (np.ascontiguousarray(a, dtype=f64) for a in (rows.w, rows.v))
+        self.t = t
         self.lam = np.ascontiguousarray(np.broadcast_to(p.lam.numpy(), (runs, k)), dtype=f64)
         self.u = np.ascontiguousarray(u, dtype=f64)
         o = config.options
@@ -157,11 +185,8 @@ class LoraBAStart:
 
     def overlap0(self) -> np.ndarray:
         """(R,) the runs' overlap at step 0 (NaN while B₀ = 0)."""
-        from dynamics.learners.lora_ba import update_observables
-
         rec = self.records(*(self.state[n][:, None] for n in ("b", "z", "c")))
-        return update_observables(self.instances, rec["b"], rec["a"],
-                                  self.learner.scale)[0][:, 0]
+        return self.learner.observables(self.instances, rec["b"], rec["a"])[0][:, 0]
 
 
 def _advance(hyp, start: LoraBAStart, state: dict, cp, rec: dict):
@@ -189,7 +214,7 @@ class LoraBARun(ChainRun):
         shape = (runs, len(steps))
         per_run = dict(start.state) | {"idx": np.arange(runs)}
         super().__init__(steps, per_run, {"b": np.empty(shape + (k, r)),
-                                          "a": np.empty(shape + (r, k + 1 + r))})
+                                          "a": np.empty(shape + (r, start.t + r))})
 
     def _kernel(self, state, rec, n_steps, cp, more):
         return _advance(self.settings.hyper(self.start.rank, n_steps), self.start, state, cp,
@@ -210,7 +235,7 @@ def step_given(settings: LoraBASettings, start: LoraBAStart, run: int, draws: di
     ``lam`` (b, b) the rest's Bartlett factor. Returns (B′, Z′, C′, Σ(y − f̂)²)."""
     b, z, c = (start.state[n][run] for n in ("b", "z", "c"))
     k, r = b.shape
-    w = _lk.work_arrays(k, r, k + 1, settings.batch)
+    w = _lk.work_arrays(k, r, start.t, settings.batch)
     for i, name in enumerate(("xa", "xe", "eps", "lam")):
         w[i][...] = draws[name]
     rss = _lk.step(settings.hyper(r, 1), start.lf[run], start.vt[run], start.lam[run], b, z, c,
@@ -230,9 +255,13 @@ def lora_ba_supported(config) -> tuple[bool, str]:
     if why:
         return False, why
     k, d = int(inst["k"]), int(inst["d"])
-    need = min_dimension(k, int(config.options.rank), int(config.batch))
+    span = None
+    if config.options.target_rows is not None:  # t = dim span(W, W*) of the given rows
+        span = _span(config, config.run_instances()[0])
+    need = min_dimension(k, int(config.options.rank), int(config.batch), span)
     if d < need:
-        return False, (f"reduced engine: the lora-ba chain needs d ≥ k + 1 + r + b = {need} "
+        t = "k + 1" if span is None else "t"
+        return False, (f"reduced engine: the lora-ba chain needs d ≥ {t} + r + b = {need} "
                        f"(here d = {d}); the full engine is cheap there")
     return True, ""
 
@@ -244,8 +273,9 @@ def _start(config, backend, instances, rest_dof) -> tuple[LoraBASettings, LoraBA
     if not ok:
         raise ValueError(why)
     instances = config.run_instances() if instances is None else instances
-    return (LoraBASettings.from_config(config, instances[0], rest_dof),
-            LoraBAStart(config, instances))
+    start = LoraBAStart(config, instances)
+    settings = LoraBASettings.from_config(config, instances[0], rest_dof)
+    return replace(settings, span=None if start.learner.rows is None else start.t), start
 
 
 class LoraBAChain(ExactChain):

@@ -1,6 +1,7 @@
 r"""The numba step of the ``lora-ba`` exact chain (:mod:`.lora_ba_chain` derives it).
 
-State of a run: B (k×r), Z (r×t) = A's coordinates in A = span(W, e) (t = k + 1) and C (r×r,
+State of a run: B (k×r), Z (r×t) = A's coordinates in A = span(W, e) (t = k + 1; span(W, W*)
+for given rows, W then k×t in ``lf``) and C (r×r,
 lower triangular) with CCᵀ = S = A_⊥A_⊥ᵀ; its stream. One step (:func:`draw` then
 :func:`step`) draws per example x_A (t), x_E (r) (the coordinates along A_⊥'s row space) and ε,
 then, A trained, Bartlett's factor Λ (b×b) of the rest parts (Λₙₙ² ~ χ²_{n_rest − n}, N(0, 1)
@@ -26,10 +27,11 @@ __all__ = ["LbHyper", "work_arrays", "draw", "step", "overlap", "cholesky", "ini
 PSD_TOL = 1e-12  # relative size of a pivot of S counted as zero (round-off of S′'s sums)
 
 LbHyper = namedtuple("LbHyper", ["code", "hp", "asc", "scale", "eta", "lr_ratio", "train_a",
-                                 "batch", "noise_sd", "rest_dof", "n_steps", "stop_level"])
+                                 "batch", "noise_sd", "rest_dof", "n_steps", "stop_level",
+                                 "normalize"])
 LbHyper.__doc__ = """Settings of one call: σ(asc·x) by (code, p, asc); s = α/r; η; η_B/η_A;
 A trained; batch b; label-noise sd; dof of the rest's Wishart (d − t − r); horizon; stop level
-of the overlap (inf: none)."""
+of the overlap (inf: none); rows normalised (False: H's rows as they are, Nⱼ = 1, c = 0)."""
 
 
 @njit(cache=True, inline="always")
@@ -96,14 +98,15 @@ def draw(hyp, st, w):
 
 @njit(cache=True, inline="always")
 def _terms(hyp, lf, bm, zm, cm, w):
-    """P = Z_W Lᵀ, Q = ZZᵀ + CCᵀ and the row norms Nⱼ = ‖wⱼ + s(BA)ⱼ‖ into the work arrays."""
-    k, r, t = bm.shape[0], bm.shape[1], zm.shape[1]
+    """P = Z_W Lᵀ, Q = ZZᵀ + CCᵀ and the row norms Nⱼ = ‖wⱼ + s(BA)ⱼ‖ (1 with rows as they
+    are) into the work arrays; W's rows ``lf`` (k × t_w) are in A's first t_w coordinates."""
+    k, r, t, tw = bm.shape[0], bm.shape[1], zm.shape[1], lf.shape[1]
     pm, qm, nrm = w[4], w[5], w[6]
     s = hyp.scale
     for i in range(r):
         for j in range(k):
             acc = 0.0
-            for q in range(k):
+            for q in range(tw):
                 acc += zm[i, q] * lf[j, q]
             pm[i, j] = acc
         for j in range(r):
@@ -114,8 +117,11 @@ def _terms(hyp, lf, bm, zm, cm, w):
                 acc += cm[i, q] * cm[j, q]
             qm[i, j] = acc
     for j in range(k):
+        if not hyp.normalize:
+            nrm[j] = 1.0
+            continue
         wsq, bp, bqb = 0.0, 0.0, 0.0
-        for q in range(k):
+        for q in range(tw):
             wsq += lf[j, q] * lf[j, q]
         for i in range(r):
             bp += bm[j, i] * pm[i, j]
@@ -128,7 +134,7 @@ def _terms(hyp, lf, bm, zm, cm, w):
 def step(hyp, lf, vt, lam, bm, zm, cm, w):
     """One SGD step on the draws in ``w`` (chain module, (BA1)–(BA4)): the new (B, Z, C) into
     w[16], w[17], w[18]; returns Σₙ(y − f̂)² (not finite, or a failed Cholesky: NaN)."""
-    k, r, t = bm.shape[0], bm.shape[1], zm.shape[1]
+    k, r, t, tw = bm.shape[0], bm.shape[1], zm.shape[1], lf.shape[1]
     xa, xe, eps, lam_r = w[0], w[1], w[2], w[3]
     pm, qm, nrm, act, dsg, ax = w[4], w[5], w[6], w[7], w[8], w[9]
     gb, csum, mm, gza, gze, bcb = w[10], w[11], w[12], w[13], w[14], w[15]
@@ -157,7 +163,7 @@ def step(hyp, lf, vt, lam, bm, zm, cm, w):
                 pre += vt[j, q] * xa[n, q]
             y += lam[j] * sigma(asc * pre, hyp.code, hyp.hp)
             hx = 0.0
-            for q in range(k):
+            for q in range(tw):
                 hx += lf[j, q] * xa[n, q]
             for i in range(r):
                 hx += s * bm[j, i] * ax[i]
@@ -169,7 +175,8 @@ def step(hyp, lf, vt, lam, bm, zm, cm, w):
         rss += resid * resid
         for j in range(k):  # gⱼ = δⱼ/Nⱼ (kept in act's place after cⱼ), cⱼ = δⱼaⱼ/Nⱼ²
             g = -2.0 * resid * lam[j] * dsg[j] / nrm[j]
-            csum[j] += g * act[j] / nrm[j]
+            if hyp.normalize:
+                csum[j] += g * act[j] / nrm[j]
             act[j] = g
             for i in range(r):
                 gb[j, i] += g * ax[i]
@@ -203,7 +210,7 @@ def step(hyp, lf, vt, lam, bm, zm, cm, w):
     for i in range(r):  # Z′ = Z − ηs/b (Σ m x_Aᵀ − [BᵀcL, 0] − s BᵀcB Z)
         for q in range(t):
             acc = gza[i, q]
-            if q < k:
+            if q < tw:
                 for j in range(k):
                     acc -= bm[j, i] * csum[j] * lf[j, q]
             for p in range(r):

@@ -53,6 +53,23 @@ two Sobol′ seeds against 2^16 points, ReLU, k = 4, d = 10³, η·d = 0.5). RK4
 ``CORRECTED_RTOL`` (the QMC average is only piecewise smooth in the state, which DOP853's error
 control pays for in rejected steps).
 
+Given base and target rows (:class:`BARowsGeometry`, ``dynamics.learners.lora_ba_rows``)
+-------------------------------------------------------------------------------------
+W (k×t) and the teacher rows W* (k×t) in a t-dim frame (t = dim span(W, W*)). Normalised
+rows: the same F and ∂F/∂H as above with V = W*'s rows divided by their norms. Rows as they
+are (f = Σλⱼσ(⟨hⱼ, x⟩), f* = Σλᵢσ(⟨w*ᵢ, x⟩)): F = E(f* − f̂)² = λᵀI₂(W*W*ᵀ)λ + λᵀI₂(HHᵀ)λ −
+2λᵀI₂(W*Hᵀ)λ (I₂ the Gaussian pair integral E σ(a)σ(b) of the pair's covariance) and, by
+Stein's lemma on the pair (⟨hⱼ, x⟩, ⟨g, x⟩),
+
+    E[σ′(⟨h, x⟩)σ(⟨g, x⟩) x] = h (P₂ − ⟨h, g⟩J₂)/‖h‖² + g J₂,                        (S)
+
+P₂ = E[aσ′(a)σ(b)], J₂ = E[σ′(a)σ′(b)] (``hermite.committee.CommitteeIntegrals``), so
+
+    ∂F/∂hⱼ = −2λⱼ (Σᵢ λᵢ m(hⱼ, w*ᵢ) − Σᵢ λᵢ m(hⱼ, hᵢ)),   m = (S).
+
+Z (A's coordinates in span(W, W*)) and A's Gram are again the order parameters: ∂F/∂H's rows
+lie in span(W, W*) ⊕ rows(A). (The finite-η·d correction is the paper's teacher's only.)
+
 Torch-free; instances duck-typed as ``hermite.flows.linearized``'s.
 """
 
@@ -67,35 +84,111 @@ import scipy.integrate
 import scipy.special
 import scipy.stats
 
+from hermite._activation import resolve_activation
 from hermite.expansion.kernels import dual_kernel_derivative
 from hermite.flows.linearized import _geometry, true_network_loss
 
-__all__ = ["BAFlow", "BANoise", "lora_ba_gradient", "row_gradient", "lora_ba_flow",
-           "gradient_covariance", "rest_noise", "corrected_flow"]
+__all__ = ["BAFlow", "BANoise", "BARowsGeometry", "lora_ba_gradient", "row_gradient",
+           "lora_ba_flow", "gradient_covariance", "rest_noise", "corrected_flow", "rows_loss"]
 
 FLOW_RTOL, FLOW_ATOL = 1e-8, 1e-11  # solve_ivp tolerances (a curve beside SGD)
 
 
+@dataclass(frozen=True)
+class BARowsGeometry:
+    """Given rows (module docstring): σ ``act`` (a name or activation), λ (k), base W (k×t),
+    teacher rows ``v`` (k×t; divided by their norms where ``normalize``). Accepted wherever
+    an instance is (its first t coordinates play the canonical ones' part)."""
+
+    act: object
+    lam: np.ndarray
+    w: np.ndarray
+    v: np.ndarray
+    normalize: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "act", resolve_activation(self.act))
+
+
+def _geo(instance):
+    """The rows of an instance (``linearized._geometry``) or a :class:`BARowsGeometry`."""
+    return instance if isinstance(instance, BARowsGeometry) else _geometry(instance)
+
+
 def _padded(rows: np.ndarray, width: int) -> np.ndarray:
-    out = np.zeros((rows.shape[0], width))
-    out[:, : rows.shape[1]] = rows
+    out = np.zeros(rows.shape[:-1] + (width,))
+    out[..., : rows.shape[-1]] = rows
     return out
 
 
 def lora_ba_gradient(instance, b, a, scale: float) -> tuple[np.ndarray, np.ndarray]:
     """(∂F/∂B (…, k, r), ∂F/∂A (…, r, D)) of the population loss at B (…, k, r) and A
     (…, r, D) in a basis whose first k + 1 coordinates are the canonical ones (module
-    docstring)."""
+    docstring; given rows: the frame's first t)."""
     b, a = np.asarray(b, float), np.asarray(a, float)
-    g_h = row_gradient(instance, _padded(_geometry(instance).w, a.shape[-1]) + scale * b @ a)
+    g_h = row_gradient(instance, _padded(_geo(instance).w, a.shape[-1]) + scale * b @ a)
     return scale * g_h @ np.swapaxes(a, -1, -2), scale * np.swapaxes(b, -1, -2) @ g_h
+
+
+def _pairs(h, g) -> np.ndarray:
+    """Covariances (…, i, j, 2, 2) of the pairs (⟨hⱼ, x⟩, ⟨gᵢ, x⟩): h (…, k, D), g (k′, D) or
+    (…, k′, D)."""
+    qh = (h * h).sum(-1)
+    qg = (g * g).sum(-1)
+    cross = np.einsum("...id,...jd->...ij", np.broadcast_to(g, h.shape[:-2] + g.shape[-2:]), h)
+    out = np.empty(cross.shape + (2, 2))
+    out[..., 0, 0] = qh[..., None, :]
+    out[..., 1, 1] = np.broadcast_to(qg, cross.shape[:-1])[..., :, None]
+    out[..., 0, 1] = out[..., 1, 0] = cross
+    return out
+
+
+def _stein_sum(ci, h, g, lam) -> np.ndarray:
+    """Σᵢ λᵢ m(hⱼ, gᵢ) (…, k, D), m = (S) of the module docstring."""
+    pairs = _pairs(h, g)  # (…, i, j, 2, 2)
+    p2, j2 = ci.p2(pairs), ci.j2(pairs)
+    qh, cross = pairs[..., 0, 0], pairs[..., 0, 1]
+    along_h = (lam[:, None] * (p2 - cross * j2) / qh).sum(-2)  # (…, j)
+    gb = np.broadcast_to(g, h.shape[:-2] + g.shape[-2:])
+    return along_h[..., None] * h + np.einsum("i,...ij,...id->...jd", lam, j2, gb)
+
+
+def _raw_row_gradient(geo: BARowsGeometry, h) -> np.ndarray:
+    """∂F/∂H of rows as they are (module docstring): −2λⱼ(Σᵢλᵢm(hⱼ, w*ᵢ) − Σᵢλᵢm(hⱼ, hᵢ))."""
+    from hermite.committee import CommitteeIntegrals
+
+    ci = CommitteeIntegrals(geo.act)
+    v = _padded(geo.v, h.shape[-1])
+    diff = _stein_sum(ci, h, v, geo.lam) - _stein_sum(ci, h, h, geo.lam)
+    return -2.0 * geo.lam[:, None] * diff
+
+
+def rows_loss(geo: BARowsGeometry, delta) -> np.ndarray:
+    """F (…) at H = W + Δ (Δ (…, k, D), the frame's first t coordinates): rows divided by
+    their norms where ``geo.normalize``, else as they are (module docstring)."""
+    from hermite.committee import CommitteeIntegrals
+
+    delta = np.asarray(delta, float)
+    h = _padded(geo.w, delta.shape[-1]) + delta
+    if geo.normalize:
+        h = h / np.linalg.norm(h, axis=-1, keepdims=True)
+    v = _padded(geo.v, delta.shape[-1])
+    i2 = CommitteeIntegrals(geo.act).i2
+    lam = geo.lam
+
+    def quad(a, b):
+        return np.einsum("i,...ij,j->...", lam, i2(_pairs(a, b)), lam)
+
+    return quad(v[None], v[None])[0] + quad(h, h) - 2.0 * quad(h, v)
 
 
 def row_gradient(instance, h) -> np.ndarray:
     """∂F/∂H (…, k, D) at the rows H (…, k, D) (module docstring; first k + 1 coordinates
-    the canonical ones)."""
-    geo = _geometry(instance)
+    the canonical ones; given rows: the frame's first t)."""
+    geo = _geo(instance)
     h = np.asarray(h, float)
+    if not getattr(geo, "normalize", True):
+        return _raw_row_gradient(geo, h)
     v = _padded(geo.v, h.shape[-1])
     n = np.linalg.norm(h, axis=-1)
     hh = h / n[..., None]
@@ -227,7 +320,9 @@ def _flow_result(instance, b, a, scale: float) -> BAFlow:
     """:class:`BAFlow` of B (n, T, k, r), A (n, T, r, D), with the exact loss where finite."""
     ok = np.isfinite(b).all((-2, -1)) & np.isfinite(a).all((-2, -1))
     delta = scale * np.where(ok[..., None, None], b, 0.0) @ np.where(ok[..., None, None], a, 0.0)
-    return BAFlow(b, a, np.where(ok, true_network_loss(instance, delta), np.nan))
+    loss = rows_loss(instance, delta) if isinstance(instance, BARowsGeometry) else \
+        true_network_loss(instance, delta)
+    return BAFlow(b, a, np.where(ok, loss, np.nan))
 
 
 def _sqrt_psd(s: np.ndarray) -> np.ndarray:
