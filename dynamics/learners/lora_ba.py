@@ -37,7 +37,13 @@ t = dim span(W, W*) coordinates (``self.width`` = t, ``self.lmat`` = W there); w
 ``normalize_rows`` off the rows are used as they are (Nⱼ = 1, c = 0: ∂L/∂H = g xᵀ, g = δ) and
 the teacher is f* = Σλᵢσ(⟨w*ᵢ, x⟩). Observables, loss and flow of those rows
 (``lora_ba_rows.rows_observables``, ``rows_loss``, ``hermite.flows.lora_ba.BARowsGeometry``).
-All options at their defaults: the paper's teacher, number for number.
+A separate teacher σ* (``teacher_activation``: f* = Σλᵢσ*(⟨vᵢ, x⟩), the student keeps σ) and
+squared labels (``labels`` = y2: y = f*² + label noise), on either path. With labels y and
+normalised rows the loss is exact and the flow drawn through the cross kernel
+E[σ*(z₁)σ(z₂)] (``hermite.flows.lora_ba.cross_kernel``); labels y2 and σ* ≠ σ on rows as they
+are: no flow (NaN, a ``no_theory`` attribute), the loss a Monte Carlo average on a fixed set
+(:func:`monte_carlo_loss`). All options at their defaults: the paper's teacher, number for
+number.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dynamics.activations import torch_activation
 from dynamics.errors import ConfigError
 from dynamics.lazy import lazy_import
 from dynamics.learners.base import Learner, Memory, RunResult, TensorState, make_trajectory
@@ -64,11 +71,12 @@ from dynamics.learners.options import Options, option
 from dynamics.learners.problem import Problem, per_run, rowmat
 from dynamics.measures.observables import group_runs
 from dynamics.randomness.sampling import run_seed
+from hermite.flows.pretrained import LABELS
 
 torch = lazy_import("torch")  # loaded at its first use
 
 __all__ = ["LoRABA", "LoRABAOptions", "LoRABAState", "BAPrepared", "initial_factors",
-           "update_observables"]
+           "update_observables", "monte_carlo_loss"]
 
 INITS_B = ("zero", "gaussian")
 INITS_A = ("gaussian", "kaiming")
@@ -78,6 +86,11 @@ CORRECTED_NOTE = ("finite-η·d flow (hermite.flows.lora_ba.corrected_flow): the
                   "plus the SGD noise of A's rest Gram, O(η·d) (here η·d = {eta_d:.3g}); rank "
                   "1: mean over B's noise kick at the escape (lora_ba_escape.kicked_overlap)")
 CORRECTED_RUNS = 64  # the finite-η·d line is drawn from at most this many runs' starts
+MC_POINTS, MC_SEED = 2**14, 39  # the Monte Carlo loss's fixed evaluation set (no exact loss)
+NO_FLOW_Y2 = ("no population flow for labels y2 (it needs E[f*⁴] and E[f*²σ(·)] of k-field "
+              "Gaussians): not drawn")
+NO_FLOW_RAW = ("no population flow for a teacher σ* ≠ σ with rows as they are (no cross pair "
+               "integrals of rows of any norm): not drawn")
 
 
 @dataclass(frozen=True)
@@ -110,6 +123,11 @@ class LoRABAOptions(Options):
     normalize_rows: bool = option(True, "Divide student and teacher rows by their norms "
                                         "(unit convention); --no-normalize-rows: use "
                                         "H = W + sBA and W* as they are.")
+    teacher_activation: str | None = option(None, "Teacher σ* of f* = Σλᵢσ*(⟨vᵢ, x⟩) (the "
+                                                  "student keeps σ) [default: σ].",
+                                            check="activation")
+    labels: str = option("y", "Labels: y = f*(x), or y2 = f*(x)² (then + label noise).",
+                         choices=LABELS)
 
 
 @dataclass
@@ -126,7 +144,7 @@ class BAPrepared:
     """State-independent terms of a chunk of examples x (R, n, b, d)."""
 
     z: torch.Tensor  # (R, n, b, k) Wx
-    y: torch.Tensor  # (R, n, b) labels f*(x) (+ label noise)
+    y: torch.Tensor  # (R, n, b) labels f*(x) or f*(x)² (+ label noise)
 
 
 @dataclass
@@ -202,6 +220,10 @@ class LoRABA(Learner):
             parts.append("given target")
         if not config.get("normalize_rows", True):
             parts.append("rows as they are")
+        if config.get("teacher_activation") is not None:
+            parts.append(f"σ* = {config['teacher_activation']}")
+        if config.get("labels", "y") == "y2":
+            parts.append("labels y²")
         return ", ".join(parts)
 
     @classmethod
@@ -216,7 +238,9 @@ class LoRABA(Learner):
 
     def __init__(self, problem: Problem, *, eta: float, rank: int = 1, alpha: float | None = None,
                  train_a: bool = True, lr_ratio: float = 1.0, label_noise: float = 0.0,
-                 rows: BARows | None = None):
+                 rows: BARows | None = None, teacher_activation: str | None = None,
+                 labels: str = "y"):
+        """``teacher_activation``: the teacher's σ* (None: σ); ``labels``: y or y2 (f*²)."""
         if lr_ratio <= 0:
             raise ConfigError("lr_ratio", f"must be a finite number > 0, got {lr_ratio!r}")
         self.problem, self.k, self.rank = problem, problem.k, rank
@@ -224,6 +248,12 @@ class LoRABA(Learner):
         self.train_a, self.lr_ratio = train_a, lr_ratio
         self.noise_sd = math.sqrt(label_noise)
         self.eta_r = eta * torch.ones_like(problem.xi)
+        self.teacher = None if teacher_activation is None else \
+            torch_activation(teacher_activation)  # σ* (None: σ, also when given as σ)
+        if self.teacher is not None and self.teacher.theory == problem.activation.theory:
+            self.teacher = None
+        self.teacher_name = None if self.teacher is None else teacher_activation
+        self.squared = labels == "y2"
         # the base in the frame's first ``width`` coordinates (lora_ba_rows; None: the paper's)
         self.rows, self.normalize = rows, True if rows is None else rows.normalize
         if rows is None:
@@ -247,7 +277,8 @@ class LoRABA(Learner):
                       for n in ("l", "u_w", "u_perp", "c", "xi", "lam")}
             rows = ba_rows(o, problem.d, arrays)
         return cls(problem, eta=config.eta, rank=o.rank, alpha=o.alpha, train_a=o.train_a,
-                   lr_ratio=o.lr_ratio, label_noise=config.label_noise, rows=rows)
+                   lr_ratio=o.lr_ratio, label_noise=config.label_noise, rows=rows,
+                   teacher_activation=o.teacher_activation, labels=o.labels)
 
     def step_sizes(self) -> list[torch.Tensor]:
         return [self.eta_r]
@@ -280,14 +311,18 @@ class LoRABA(Learner):
     # ------------------------------------------------------------------ gradient pieces
     def prepare(self, state: LoRABAState, x: torch.Tensor, eps: torch.Tensor | None = None,
                 sqnorm: torch.Tensor | None = None) -> BAPrepared:
-        """Wx and the labels of a chunk x (R, n, b, d), label normals eps (R, n, b)."""
+        """Wx and the labels of a chunk x (R, n, b, d), label normals eps (R, n, b): y = f*(x)
+        or f*(x)² (``labels`` y2), f* = Σλᵢσ*(⟨vᵢ, x⟩), then + √noise·ε."""
         p = self.problem
         z = rowmat(x[..., : self.width], self.lt)
         if self.rows is None:
-            y = p.teacher(x, z)
-        else:  # Σλᵢσ(⟨w*ᵢ, x⟩), W* in the frame's first t coordinates
-            pre = p.activation.fn(rowmat(x[..., : self.width], self.vt))
+            y = p.teacher(x, z, self.teacher)
+        else:  # Σλᵢσ*(⟨w*ᵢ, x⟩), W* in the frame's first t coordinates
+            act = p.activation if self.teacher is None else self.teacher
+            pre = act.fn(rowmat(x[..., : self.width], self.vt))
             y = (pre * per_run(p.lam, z.dim())).sum(-1)
+        if self.squared:
+            y = y * y
         if eps is not None and self.noise_sd > 0:
             y = y.add_(eps, alpha=self.noise_sd)
         return BAPrepared(z, y)
@@ -377,29 +412,79 @@ class LoRABA(Learner):
         rec, insts = result.records, result.instances
         overlap, extra = self.observables(insts, rec["b"], rec["a"])
         delta = self.scale * rec["b"] @ rec["a"]  # (R, C, k, D)
-        ode, ode_extra = self.flow(result)
+        why = self.no_flow()
+        if why is None:
+            ode, ode_extra = self.flow(result)
+            attrs = {n: {"note": FLOW_NOTE} for n in ("ode", "ode_loss", "ode_update_overlap")}
+        else:  # no theory applies: NaN lines, and why
+            ode = np.full(overlap.shape, np.nan)
+            ode_extra = {"loss": ode, "update_overlap": ode}
+            attrs = {n: {"no_theory": why} for n in ("ode", "ode_loss", "ode_update_overlap")}
         extra |= {"ode_loss": ode_extra["loss"], "ode_update_overlap": ode_extra["update_overlap"]}
-        attrs = {name: {"note": FLOW_NOTE} for name in ("ode", "ode_loss", "ode_update_overlap")}
         theory = {"ode": ode}
         if self.rows is None and (corr := self.corrected(result)) is not None:
             theory["ode_corrected"], attrs["ode_corrected"] = corr
-        loss = true_loss(insts, delta) if self.rows is None else \
-            rows_loss(insts[0].activation, self.rows, delta)  # given rows: their exact loss
-        return make_trajectory(result, overlap, loss, loss_kind="exact", extra=extra,
+        loss, kind = self.loss(insts, delta)
+        return make_trajectory(result, overlap, loss, loss_kind=kind, extra=extra,
                                theory=theory, extra_attrs=attrs)
+
+    def no_flow(self) -> str | None:
+        """Why the population flow does not apply (labels y2; σ* ≠ σ on rows as they are),
+        None where it does."""
+        if self.squared:
+            return NO_FLOW_Y2
+        return NO_FLOW_RAW if self.teacher is not None and not self.normalize else None
+
+    def geometry(self, inst, run: int):
+        """The flow's geometry of run ``run`` (instance ``inst``): the instance itself (the
+        paper's teacher, σ* = σ), else ``hermite.flows.lora_ba.BARowsGeometry`` of its rows
+        with the teacher's σ* (normalised rows; rows as they are keep σ here)."""
+        from hermite.flows.lora_ba import BARowsGeometry, teacher_geometry
+
+        teacher = self.teacher_name if self.normalize else None
+        if self.rows is None:
+            return inst if teacher is None else teacher_geometry(inst, teacher)
+        r = self.rows
+        return BARowsGeometry(inst.activation, r.lam[run], r.w[run], r.v[run], r.normalize,
+                              teacher)
+
+    def loss(self, insts, delta: np.ndarray) -> tuple[np.ndarray, str]:
+        """((R, C) population loss E(f* − f̂)² of the rows W + Δ (no label noise), its kind):
+        exact (dual kernels; σ* ≠ σ: with the cross kernel, ``hermite.flows.lora_ba``), or
+        a Monte Carlo average (:func:`monte_carlo_loss`) for labels y2 and for σ* ≠ σ on rows
+        as they are."""
+        from hermite.flows.lora_ba import rows_loss as geometry_loss
+
+        if self.teacher is None and not self.squared:
+            loss = true_loss(insts, delta) if self.rows is None else \
+                rows_loss(insts[0].activation, self.rows, delta)  # given rows: exact loss
+            return loss, "exact"
+        exact = self.no_flow() is None
+        out = np.full(delta.shape[:2], np.nan)
+        ok = np.isfinite(delta).all((2, 3))
+        for inst, idx in group_runs(insts):
+            geo = self.geometry(inst, idx[0])
+            for i in idx:
+                if exact:
+                    out[i, ok[i]] = geometry_loss(geo, delta[i, ok[i]])
+                else:
+                    out[i, ok[i]] = monte_carlo_loss(geo, self.teacher_name, self.squared,
+                                                     delta[i, ok[i]])
+        return out, "exact" if exact else "monte_carlo"
 
     def corrected(self, result: RunResult) -> tuple[np.ndarray, dict] | None:
         """(overlap (R, C), attributes) of the finite-η·d flow (``hermite.flows.lora_ba``'s
         ``corrected_flow``; rank 1: ``lora_ba_escape.kicked_overlap``, the mean over B's noise
         kick at the escape) from the first ``CORRECTED_RUNS`` runs' starts (NaN in
-        the others); None where ``finite_d_theory`` is off, A frozen or d ≤ k + 1 + r."""
+        the others); None where ``finite_d_theory`` is off, A frozen, σ* or y2 given, or
+        d ≤ k + 1 + r."""
         from hermite.flows.lora_ba import BANoise, corrected_flow
         from hermite.flows.lora_ba_escape import kicked_overlap
 
         config, rec, insts = result.config, result.records, result.instances
         runs, cps = len(insts), result.steps.size
-        if (not config.finite_d_theory or not self.train_a
-                or insts[0].d <= self.k + 1 + self.rank):
+        if (not config.finite_d_theory or not self.train_a or self.teacher is not None
+                or self.squared or insts[0].d <= self.k + 1 + self.rank):
             return None
         noise = BANoise(float(config.eta), int(insts[0].d), int(config.batch),
                         float(config.label_noise))
@@ -426,7 +511,7 @@ class LoRABA(Learner):
         """(overlap (R, C), {loss, update_overlap}) of the population flow
         (``hermite.flows.lora_ba``) in τ = η·steps from each run's recorded (B₀, A₀); given
         rows: the flow of their ``BARowsGeometry``."""
-        from hermite.flows.lora_ba import BARowsGeometry, lora_ba_flow
+        from hermite.flows.lora_ba import lora_ba_flow
 
         rec, insts = result.records, result.instances
         runs, cps = len(insts), result.steps.size
@@ -434,16 +519,40 @@ class LoRABA(Learner):
         a = np.full((runs, cps) + rec["a"].shape[2:], np.nan)
         loss = np.full((runs, cps), np.nan)
         times = result.config.eta * result.steps.astype(float)
-        rows = self.rows
         for inst, idx in group_runs(insts):
-            theory = inst if rows is None else BARowsGeometry(
-                inst.activation, rows.lam[idx[0]], rows.w[idx[0]], rows.v[idx[0]],
-                rows.normalize)
-            out = lora_ba_flow(theory, rec["b"][idx, 0], rec["a"][idx, 0], times,
-                               scale=self.scale, lr_ratio=self.lr_ratio, train_a=self.train_a)
+            out = lora_ba_flow(self.geometry(inst, idx[0]), rec["b"][idx, 0],
+                               rec["a"][idx, 0], times, scale=self.scale,
+                               lr_ratio=self.lr_ratio, train_a=self.train_a)
             b[idx], a[idx], loss[idx] = out.b, out.a, out.loss
         overlap, extra = self.observables(insts, b, a)
         return overlap, {"loss": loss, "update_overlap": extra["update_overlap"]}
+
+
+def monte_carlo_loss(geo, teacher: str | None, squared: bool, delta: np.ndarray) -> np.ndarray:
+    """(…) E(y − f̂)² (no label noise) at the rows W + Δ (Δ (…, k, D), divided by their norms
+    where ``geo.normalize``) of a geometry (``geo.w``, ``geo.v``, ``geo.lam``, ``geo.act``; an
+    instance's or ``BARowsGeometry``): y = f* or f*², f* = Σλᵢσ*(⟨vᵢ, x⟩), averaged over
+    ``MC_POINTS`` fixed normals x ∈ R^D (seed ``MC_SEED``; exact in law: every row lies in
+    the first D coordinates)."""
+    from hermite._activation import resolve_activation
+    from hermite.flows.linearized import _geometry
+    from hermite.flows.lora_ba import BARowsGeometry
+
+    geo = geo if isinstance(geo, BARowsGeometry) else _geometry(geo)
+    delta = np.asarray(delta, float)
+    width = delta.shape[-1]
+    x = np.random.default_rng(MC_SEED).standard_normal((MC_POINTS, width))
+    t = geo.w.shape[-1]
+    h = delta.copy()
+    h[..., :t] += geo.w
+    if getattr(geo, "normalize", True):
+        h /= np.linalg.norm(h, axis=-1, keepdims=True)
+    act = geo.act
+    star = act if teacher is None else resolve_activation(teacher)
+    y = star.fn(x[:, :t] @ geo.v.T) @ geo.lam  # (S,)
+    y = y * y if squared else y
+    fhat = act.fn(np.einsum("sd,...kd->...sk", x, h)) @ geo.lam  # (…, S)
+    return ((y - fhat) ** 2).mean(-1)
 
 
 def update_observables(instances, b: np.ndarray, a_red: np.ndarray,

@@ -121,12 +121,14 @@ class Problem:
             out = out + (x[..., : self.k] * per_run(self.u_w, x.dim())).sum(-1)
         return out
 
-    def teacher(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """f*(x) = Σᵢ λᵢ σ(⟨vᵢ, x⟩) given z = Wx; x (R, …, d), z (R, …, k) → (R, …)."""
+    def teacher(self, x: torch.Tensor, z: torch.Tensor, activation=None) -> torch.Tensor:
+        """f*(x) = Σᵢ λᵢ σ(⟨vᵢ, x⟩) given z = Wx; x (R, …, d), z (R, …, k) → (R, …);
+        ``activation``: another σ* for the teacher (None: the instance's σ)."""
         nd = z.dim()
         pre = torch.addcmul(z * per_run(self.t_scale, nd), self.u_dot(x)[..., None],
                             per_run(self.t_shift, nd))
-        return (self.activation.fn(pre) * per_run(self.lam, nd)).sum(-1)
+        act = self.activation if activation is None else activation
+        return (act.fn(pre) * per_run(self.lam, nd)).sum(-1)
 
     def overlap(self, u_hat: torch.Tensor) -> torch.Tensor:
         """m = ⟨û, u⟩ for û (R, d) → (R,)."""

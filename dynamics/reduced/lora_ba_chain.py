@@ -15,8 +15,10 @@ A = span(W, e) is the first t = k + 1 coordinates. Student H = W + sBA, rows nor
      ``true_loss`` and flow read the chain's records as the full engine's.
 (BA1) *One example.* In the basis (A, E, rest) x = (x_A, x_E, ρ): x_A ~ N(0, I_t), x_E ~ N(0,
      I_r), ρ ~ N(0, I_{d−t−r}), independent. Wx = L x_A[:k], Ax = Z x_A + C x_E, teacher
-     pre-activations V x_A (V the teacher rows' A-coordinates), label y = Σλᵢσ(⟨vᵢ, x⟩) + ε;
-     nothing of the step but the A-gradient's rest part depends on ρ.
+     pre-activations V x_A (V the teacher rows' A-coordinates), label y = f* + ε, f* =
+     Σλᵢσ*(⟨vᵢ, x⟩) (σ* = ``teacher_activation``, default σ), or y = f*² + ε (``labels`` y2):
+     a function of (x_A, ε) either way, so (BA0) holds as it stands; nothing of the step but
+     the A-gradient's rest part depends on ρ.
 (BA2) *Gradient* (the learner's closed form): with P = Z_W Lᵀ, Q = ZZᵀ + CCᵀ, Nⱼ² = ‖wⱼ‖² +
      2s⟨wⱼ, (BA)ⱼ⟩ + s²(BQBᵀ)ⱼⱼ, gₙ, cₙ ∈ R^k per example and mₙ = Bᵀgₙ ∈ R^r, summed over
      the batch (c̄ = Σcₙ):
@@ -83,6 +85,15 @@ def min_dimension(k: int, rank: int, batch: int, span: int | None = None) -> int
     return (k + 1 if span is None else span) + rank + batch
 
 
+def _teacher_code(options) -> tuple | None:
+    """The compiled (code, p, asc) of the ``teacher_activation`` σ* (None: σ, or none
+    compiled)."""
+    from hermite.activations import get_activation
+
+    name = options.teacher_activation
+    return None if name is None else compiled_activation(get_activation(name))
+
+
 def _span(config, instance) -> int | None:
     """t = dim span(W, W*) of given base/target rows (``lora_ba_rows``), None for the
     paper's teacher (t = k + 1)."""
@@ -98,7 +109,8 @@ class LoraBASettings:
     """The chain's regime: σ(asc·x) by (code, p, asc), s = α/r, η, lr_ratio, A trained, batch
     b, label-noise sd, d, rank r, and ``rest_dof`` replacing d − t − r (a test hook: a
     deliberately wrong Wishart law); ``span`` t (None: k + 1) and ``normalize`` (rows divided
-    by their norms) for given base/target rows (``dynamics.learners.lora_ba_rows``)."""
+    by their norms) for given base/target rows (``dynamics.learners.lora_ba_rows``); the
+    teacher σ*'s (code, p, asc) (None: σ) and ``squared`` labels y = f*²."""
 
     act: tuple
     scale: float
@@ -112,6 +124,8 @@ class LoraBASettings:
     rest_dof: int | None = None
     span: int | None = None
     normalize: bool = True
+    teacher: tuple | None = None
+    squared: bool = False
 
     @classmethod
     def from_config(cls, config, instance, rest_dof: int | None = None) -> LoraBASettings:
@@ -121,16 +135,19 @@ class LoraBASettings:
                    float((r if o.alpha is None else o.alpha) / r), float(config.eta),
                    float(o.lr_ratio), bool(o.train_a), int(config.batch),
                    math.sqrt(config.label_noise), int(instance.d), int(instance.k), rest_dof,
-                   _span(config, instance), bool(o.normalize_rows))
+                   _span(config, instance), bool(o.normalize_rows), _teacher_code(o),
+                   o.labels == "y2")
 
     def hyper(self, rank: int, n_steps: int, stop_level: float = math.inf) -> _lk.LbHyper:
         """The kernel's :data:`~.lora_ba_kernel.LbHyper` for a call of ``n_steps`` steps."""
         t = self.k + 1 if self.span is None else self.span
         dof = self.d - t - rank if self.rest_dof is None else self.rest_dof
         code, hp, asc = self.act
+        tcode, thp, tasc = self.act if self.teacher is None else self.teacher
         return _lk.LbHyper(int(code), int(hp), float(asc), self.scale, self.eta,
                            self.lr_ratio, self.train_a, self.batch, self.noise_sd, int(dof),
-                           int(n_steps), float(stop_level), self.normalize)
+                           int(n_steps), float(stop_level), self.normalize, int(tcode),
+                           int(thp), float(tasc), bool(self.squared))
 
 
 class LoraBAStart:
@@ -252,6 +269,10 @@ def lora_ba_supported(config) -> tuple[bool, str]:
                       f"{config.learner!r}'s"
     inst = config.instance
     why = compiled_activation_missing(inst, "lora-ba")
+    if not why and config.options.teacher_activation is not None:
+        why = compiled_activation_missing(
+            {"activation": config.options.teacher_activation}, "lora-ba")
+        why = why.replace("activation", "teacher_activation", 1)
     if why:
         return False, why
     k, d = int(inst["k"]), int(inst["d"])

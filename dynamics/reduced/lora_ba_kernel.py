@@ -28,10 +28,11 @@ PSD_TOL = 1e-12  # relative size of a pivot of S counted as zero (round-off of S
 
 LbHyper = namedtuple("LbHyper", ["code", "hp", "asc", "scale", "eta", "lr_ratio", "train_a",
                                  "batch", "noise_sd", "rest_dof", "n_steps", "stop_level",
-                                 "normalize"])
+                                 "normalize", "tcode", "thp", "tasc", "squared"])
 LbHyper.__doc__ = """Settings of one call: σ(asc·x) by (code, p, asc); s = α/r; η; η_B/η_A;
 A trained; batch b; label-noise sd; dof of the rest's Wishart (d − t − r); horizon; stop level
-of the overlap (inf: none); rows normalised (False: H's rows as they are, Nⱼ = 1, c = 0)."""
+of the overlap (inf: none); rows normalised (False: H's rows as they are, Nⱼ = 1, c = 0);
+the teacher σ*(tasc·x) by (tcode, thp, tasc) and squared labels (y = f*² + ε)."""
 
 
 @njit(cache=True, inline="always")
@@ -156,12 +157,15 @@ def step(hyp, lf, vt, lam, bm, zm, cm, w):
                 acc += cm[i, q] * xe[n, q]
             ax[i] = acc
         y = hyp.noise_sd * eps[n]
-        fhat = 0.0
+        fhat, fstar = 0.0, 0.0
         for j in range(k):
             pre = 0.0
             for q in range(t):
                 pre += vt[j, q] * xa[n, q]
-            y += lam[j] * sigma(asc * pre, hyp.code, hyp.hp)
+            if hyp.squared:  # f* = Σλᵢσ*(⟨vᵢ, x⟩), squared below
+                fstar += lam[j] * sigma(hyp.tasc * pre, hyp.tcode, hyp.thp)
+            else:
+                y += lam[j] * sigma(hyp.tasc * pre, hyp.tcode, hyp.thp)
             hx = 0.0
             for q in range(tw):
                 hx += lf[j, q] * xa[n, q]
@@ -171,6 +175,8 @@ def step(hyp, lf, vt, lam, bm, zm, cm, w):
             sv, sd = sigma_and_deriv(asc * act[j], hyp.code, hyp.hp)
             dsg[j] = asc * sd
             fhat += lam[j] * sv
+        if hyp.squared:
+            y += fstar * fstar
         resid = y - fhat
         rss += resid * resid
         for j in range(k):  # gⱼ = δⱼ/Nⱼ (kept in act's place after cⱼ), cⱼ = δⱼaⱼ/Nⱼ²

@@ -70,6 +70,17 @@ P₂ = E[aσ′(a)σ(b)], J₂ = E[σ′(a)σ′(b)] (``hermite.committee.Commit
 Z (A's coordinates in span(W, W*)) and A's Gram are again the order parameters: ∂F/∂H's rows
 lie in span(W, W*) ⊕ rows(A). (The finite-η·d correction is the paper's teacher's only.)
 
+A separate teacher σ* (``teacher_activation``, :attr:`BARowsGeometry.teacher`; normalised
+rows, labels y): f* = Σᵢλᵢσ*(⟨vᵢ, x⟩), so with the cross kernel K×(ρ) = E[σ*(z₁)σ(z₂)] and
+K×′(ρ) = E[σ*′(z₁)σ′(z₂)] (Price; :func:`cross_kernel`, a Chebyshev interpolant in θ of the
+2-D pair quadrature)
+
+    F = λᵀK*(VVᵀ)λ + λᵀK(ĤĤᵀ)λ − 2λᵀK×(VĤᵀ)λ,   ∂F/∂ĥⱼ as above with K×′ for K′ in the
+    teacher's sum;
+
+the paper's instance enters through :func:`teacher_geometry`. Squared labels (y = f*²) and
+rows as they are with σ* ≠ σ have no flow here (the learner records why).
+
 Torch-free; instances duck-typed as ``hermite.flows.linearized``'s.
 """
 
@@ -85,11 +96,14 @@ import scipy.special
 import scipy.stats
 
 from hermite._activation import resolve_activation
-from hermite.expansion.kernels import dual_kernel_derivative
+from hermite.expansion._chebyshev import ChebyshevInTheta
+from hermite.expansion._pair_quadrature import pair_expectation
+from hermite.expansion.kernels import dual_kernel, dual_kernel_derivative
 from hermite.flows.linearized import _geometry, true_network_loss
 
 __all__ = ["BAFlow", "BANoise", "BARowsGeometry", "lora_ba_gradient", "row_gradient",
-           "lora_ba_flow", "gradient_covariance", "rest_noise", "corrected_flow", "rows_loss"]
+           "lora_ba_flow", "gradient_covariance", "rest_noise", "corrected_flow", "rows_loss",
+           "cross_kernel", "teacher_geometry"]
 
 FLOW_RTOL, FLOW_ATOL = 1e-8, 1e-11  # solve_ivp tolerances (a curve beside SGD)
 
@@ -97,17 +111,55 @@ FLOW_RTOL, FLOW_ATOL = 1e-8, 1e-11  # solve_ivp tolerances (a curve beside SGD)
 @dataclass(frozen=True)
 class BARowsGeometry:
     """Given rows (module docstring): σ ``act`` (a name or activation), λ (k), base W (k×t),
-    teacher rows ``v`` (k×t; divided by their norms where ``normalize``). Accepted wherever
-    an instance is (its first t coordinates play the canonical ones' part)."""
+    teacher rows ``v`` (k×t; divided by their norms where ``normalize``), the teacher's σ*
+    (``teacher``; None: σ). Accepted wherever an instance is (its first t coordinates play
+    the canonical ones' part)."""
 
     act: object
     lam: np.ndarray
     w: np.ndarray
     v: np.ndarray
     normalize: bool = True
+    teacher: object = None
 
     def __post_init__(self):
         object.__setattr__(self, "act", resolve_activation(self.act))
+        if self.teacher is not None:
+            teacher = resolve_activation(self.teacher)
+            object.__setattr__(self, "teacher", None if teacher == self.act else teacher)
+            if self.teacher is not None and not self.normalize:
+                raise ValueError("a teacher σ* ≠ σ has a flow for normalised rows only")
+
+
+def teacher_geometry(instance, teacher) -> BARowsGeometry:
+    """The paper's rows of an instance (``linearized._geometry``) with the teacher σ*."""
+    geo = _geometry(instance)
+    return BARowsGeometry(geo.act, geo.lam, geo.w, geo.v, True, teacher)
+
+
+_CROSS: dict = {}
+
+
+def cross_kernel(teacher, act, rho, which: str = "kernel") -> np.ndarray:
+    """K×(ρ) = E[σ*(z₁)σ(z₂)] (``which = "kernel"``) or K×′(ρ) = E[σ*′(z₁)σ′(z₂)]
+    (``"kprime"``), standard Gaussians of correlation ρ: a cached Chebyshev interpolant in θ
+    of the 2-D pair quadrature (``hermite.expansion._pair_quadrature``)."""
+    teacher, act = resolve_activation(teacher), resolve_activation(act)
+    key = (teacher, act, which)
+    if key not in _CROSS:
+        f, g = (teacher.fn, act.fn) if which == "kernel" else (teacher.deriv, act.deriv)
+        _CROSS[key] = ChebyshevInTheta(lambda r: pair_expectation(
+            f, g, r, teacher.breakpoints, act.breakpoints))
+    return _CROSS[key](np.clip(np.asarray(rho, float), -1.0, 1.0))
+
+
+def _teacher_kernel(geo, rho, which: str = "kprime") -> np.ndarray:
+    """K′ (or K) of the teacher–student pairs: the dual kernel, or K× with a σ*."""
+    teacher = getattr(geo, "teacher", None)
+    if teacher is None:
+        fn = dual_kernel_derivative if which == "kprime" else dual_kernel
+        return fn(geo.act, rho)
+    return cross_kernel(teacher, geo.act, rho, which)
 
 
 def _geo(instance):
@@ -173,6 +225,16 @@ def rows_loss(geo: BARowsGeometry, delta) -> np.ndarray:
     if geo.normalize:
         h = h / np.linalg.norm(h, axis=-1, keepdims=True)
     v = _padded(geo.v, delta.shape[-1])
+    if geo.teacher is not None:  # unit rows, σ* ≠ σ: λᵀK*(VVᵀ)λ + λᵀK(ĤĤᵀ)λ − 2λᵀK×(VĤᵀ)λ
+        def form(kern):
+            return np.einsum("i,...ij,j->...", geo.lam, kern, geo.lam)
+
+        def gram(a, b):
+            return np.clip(np.einsum("...ia,...ja->...ij", a, b), -1.0, 1.0)
+
+        return form(dual_kernel(geo.teacher, gram(v, v))) + \
+            form(dual_kernel(geo.act, gram(h, h))) - \
+            2.0 * form(cross_kernel(geo.teacher, geo.act, gram(v, h)))
     i2 = CommitteeIntegrals(geo.act).i2
     lam = geo.lam
 
@@ -196,7 +258,7 @@ def row_gradient(instance, h) -> np.ndarray:
     rho = np.clip(hh @ np.swapaxes(hh, -1, -2), -1.0, 1.0)  # ⟨ĥᵢ, ĥⱼ⟩
     kap = np.clip(np.einsum("ia,...ja->...ij", v, hh), -1.0, 1.0)  # ⟨vᵢ, ĥⱼ⟩
     ks = lam2 * dual_kernel_derivative(geo.act, rho)
-    kc = lam2 * dual_kernel_derivative(geo.act, kap)
+    kc = lam2 * _teacher_kernel(geo, kap)
     g_hat = 2.0 * (np.swapaxes(ks, -1, -2) @ hh - np.swapaxes(kc, -1, -2) @ v)
     return (g_hat - hh * (hh * g_hat).sum(-1, keepdims=True)) / n[..., None]
 
