@@ -106,3 +106,31 @@ def shrunk_sweep(sweep, d: int = 20, k: int = 3, **base):
         return spec
 
     return shrunk
+
+
+def pretrained_setup(case, batch: int, noise: float, mu: float = 0.6, eta: float = 0.3,
+                     shape=(3, 9, 2)):
+    """The small pretrained-glm problem of its step tests: (learner, dense u (D,), ζ (R, D) or
+    None, state, x (R, B, D), eps (R, B) or None). ``case`` = (student σ, teacher σ* or None,
+    labels, mixed base); ``shape`` = (R, D, K). u has a span-W part (u_alpha > 0), so that the
+    teacher direction must be read from the instance."""
+    from dynamics.instances.instance import build_instance
+    from dynamics.learners import Problem
+    from dynamics.learners.pretrained_glm import PretrainedGLM, base_directions
+
+    act, teacher, labels, mixed = case
+    runs, d, k = shape
+    inst = build_instance({"activation": act, "k": k, "d": d, "u_alpha": 0.4, "seed": 2})
+    problem = Problem.from_instances([inst] * runs, torch.device("cpu"), torch.float64)
+    zeta = base_directions(11, runs, d) if mixed else None
+    learner = PretrainedGLM(problem, mu=mu, eta=eta, batch=batch, label_noise=noise, zeta=zeta,
+                            teacher_activation=teacher, labels=labels)
+    u = np.zeros(d)
+    u[:k], u[k] = inst.u_w, inst.u_perp
+    gen = np.random.default_rng(5)
+    v = gen.standard_normal((runs, d))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    state = learner.init_state(gen.normal(0.0, 0.5, runs), v)
+    x = torch.as_tensor(gen.standard_normal((runs, batch, d)))
+    eps = torch.as_tensor(gen.standard_normal((runs, batch))) if noise else None
+    return learner, u, zeta, state, x, eps

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import pretrained_setup
 
 from dynamics.engines.engine import simulate
 from dynamics.errors import ConfigError
-from dynamics.instances.instance import build_instance
-from dynamics.learners import Problem
-from dynamics.learners.pretrained_glm import PretrainedGLM, pretrained_glm_loss
+from dynamics.learners.pretrained_glm import pretrained_glm_loss
 from dynamics.setup.config import RunConfig
 from sims.cli import cli
 
@@ -32,20 +31,10 @@ TORCH_SIGMA = {"relu": torch.relu, "tanh": torch.tanh,
 
 
 def _setup(activation, batch, noise, mu=0.6, eta=0.3):
-    """(learner, dense u (D,), state, x (R, B, D), eps (R, B) or None): u has a span-W part
-    (u_alpha > 0), so that the teacher direction must be read from the instance."""
-    inst = build_instance({"activation": activation, "k": K, "d": D, "u_alpha": 0.4,
-                           "seed": 2})
-    problem = Problem.from_instances([inst] * R, torch.device("cpu"), F64)
-    learner = PretrainedGLM(problem, mu=mu, eta=eta, batch=batch, label_noise=noise)
-    u = np.zeros(D)
-    u[:K], u[K] = inst.u_w, inst.u_perp
-    gen = np.random.default_rng(5)
-    v = gen.standard_normal((R, D))
-    v /= np.linalg.norm(v, axis=1, keepdims=True)
-    state = learner.init_state(gen.normal(0.0, 0.5, R), v)
-    x = torch.as_tensor(gen.standard_normal((R, batch, D)))
-    eps = torch.as_tensor(gen.standard_normal((R, batch))) if noise else None
+    """(learner, dense u (D,), state, x (R, B, D), eps (R, B) or None) of the aligned base:
+    ``tests.helpers.pretrained_setup``."""
+    learner, u, _, state, x, eps = pretrained_setup((activation, None, "y", False), batch,
+                                                    noise, mu, eta, shape=(R, D, K))
     return learner, u, state, x, eps
 
 

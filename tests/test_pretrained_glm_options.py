@@ -10,12 +10,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import pretrained_setup
 
 from dynamics.engines.engine import simulate
 from dynamics.errors import ConfigError
-from dynamics.instances.instance import build_instance
-from dynamics.learners import Problem
-from dynamics.learners.pretrained_glm import PretrainedGLM, base_directions
+from dynamics.learners.pretrained_glm import base_directions
 from dynamics.randomness.sampling import run_seed
 from dynamics.setup.config import RunConfig
 
@@ -36,23 +35,8 @@ CASES = [("relu", None, "y", True), ("tanh", "relu", "y", False), ("relu", None,
 
 
 def _setup(case, batch, noise, mu=0.6, eta=0.3):
-    """(learner, dense u (D,), ζ (R, D) or None, state, x (R, B, D), eps or None); u has a
-    span-W part, so the teacher direction must be read from the instance."""
-    act, teacher, labels, mixed = case
-    inst = build_instance({"activation": act, "k": K, "d": D, "u_alpha": 0.4, "seed": 2})
-    problem = Problem.from_instances([inst] * R, torch.device("cpu"), F64)
-    zeta = base_directions(11, R, D) if mixed else None
-    learner = PretrainedGLM(problem, mu=mu, eta=eta, batch=batch, label_noise=noise, zeta=zeta,
-                            teacher_activation=teacher, labels=labels)
-    u = np.zeros(D)
-    u[:K], u[K] = inst.u_w, inst.u_perp
-    gen = np.random.default_rng(5)
-    v = gen.standard_normal((R, D))
-    v /= np.linalg.norm(v, axis=1, keepdims=True)
-    state = learner.init_state(gen.normal(0.0, 0.5, R), v)
-    x = torch.as_tensor(gen.standard_normal((R, batch, D)))
-    eps = torch.as_tensor(gen.standard_normal((R, batch))) if noise else None
-    return learner, u, zeta, state, x, eps
+    """(learner, dense u, ζ or None, state, x, eps or None): ``tests.helpers.pretrained_setup``."""
+    return pretrained_setup(case, batch, noise, mu, eta, shape=(R, D, K))
 
 
 def _numpy_step(case, w0, u, a, v, x, eps, eta, noise):
