@@ -676,3 +676,6 @@ def test_corrected_plan_costs_each_group_at_its_own_stiffness_and_leaves_finite_
             "finite-d corrected ODE not recorded")
     finally:
         overlay.CORRECTED_BUDGET_S = overlay_budget
+    # a batch of random instances at one ξ (fig5's) is counted, not listed ten times
+    assert (overlay._costly_cells([(1.0, 251.0), (1.0, 248.0), (1.0, 250.0)])
+            == "3 cells (ξ = 1): ≈ 248–251 s a start")

@@ -457,6 +457,17 @@ def _joint_band_plan(config, instances: list[Instance], steps, rho: float = 0.0)
     return {key: np.full(shape, np.nan) for key in keys}, None
 
 
+def _costly_cells(costly: list) -> str:
+    """The cells left out by their cost, [(ξ, seconds a start)], for a note: each by its ξ
+    where the ξ differ, else counted (a batch of random instances at one ξ)."""
+    xis = [xi for xi, _ in costly]
+    if len(set(xis)) == len(xis) or len(xis) < 3:
+        return "; ".join(f"ξ = {xi:.4g}: ≈ {cost:.0f} s a start" for xi, cost in costly)
+    costs = [cost for _, cost in costly]
+    return (f"{len(costly)} cells (ξ = {', '.join(f'{x:.4g}' for x in sorted(set(xis)))}): "
+            f"≈ {min(costs):.0f}–{max(costs):.0f} s a start")
+
+
 def corrected_seconds(config, instances: list[Instance], steps, rho: float = 0.0) -> float:
     """Estimated seconds of the corrected ODE of every run (``CORRECTED_SECONDS`` per run,
     RK4 step and row; RK4 steps: :func:`_rk4_steps`, ``rho`` the drift's stiffness at the
@@ -540,14 +551,14 @@ def corrected_plan(config, instances: list[Instance], steps, start):
         if total <= CORRECTED_BUDGET_S:
             chosen[idx] = True
         elif cost > share:
-            costly.append(f"ξ = {inst.xi:.4g}: ≈ {cost:.0f} s a start")
+            costly.append((inst.xi, cost))
         else:
             chosen[idx] = budget_starts(mu0[idx], int(share // cost))
     skipped = len(own) < len(groups)
     notes = ([f"none where ξ²/d ≥ {FINITE_XI_MIN:g} (the finite-ξ line, the same drift with "
               "the step noise, is drawn there)"] if skipped else [])
     if costly:
-        notes.append(f"none at {'; '.join(costly)} > {share:.3g} s (its share of the "
+        notes.append(f"none at {_costly_cells(costly)} > {share:.3g} s (its share of the "
                      f"{CORRECTED_BUDGET_S:g} s budget; loradyn hermite ode --corrected gives "
                      "it from chosen starts)")
     if not chosen.any():
