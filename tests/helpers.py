@@ -134,3 +134,16 @@ def pretrained_setup(case, batch: int, noise: float, mu: float = 0.6, eta: float
     x = torch.as_tensor(gen.standard_normal((runs, batch, d)))
     eps = torch.as_tensor(gen.standard_normal((runs, batch))) if noise else None
     return learner, u, zeta, state, x, eps
+
+
+def assert_ba_flow_within(tr, case) -> None:
+    """lora-ba's population flow within max(4 SE, 0.03) of the runs' mean at every checkpoint
+    after the start: overlap, loss and update overlap (``tr``: a trajectory with the flow's
+    ``ode``, ``extra/ode_loss`` and ``extra/ode_update_overlap``; ``case`` names it)."""
+    runs = tr.overlap.shape[0]
+    for x, y in ((tr.overlap, tr.ode), (tr.loss, tr.extra["ode_loss"]),
+                 (tr.extra["update_overlap"], tr.extra["ode_update_overlap"])):
+        diff = (x - y)[:, 1:]
+        assert np.isfinite(diff).all()
+        mean, se = diff.mean(0), diff.std(0, ddof=1) / np.sqrt(runs)
+        assert (np.abs(mean) <= np.maximum(4 * se, 0.03)).all(), (case, mean, se)

@@ -18,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from helpers import assert_ba_flow_within
 from scipy.stats import ks_2samp
 
 from dynamics.activations import torch_activation
@@ -411,12 +412,7 @@ def test_flow_follows_the_chain_mean(tmp_path, case):
     tr = simulate(cfg)
     assert tr.engine == "reduced"
     assert np.nanmean(tr.loss[:, -1]) < 0.67 * np.nanmean(tr.loss[:, 0])
-    for x, y in ((tr.overlap, tr.ode), (tr.loss, tr.extra["ode_loss"]),
-                 (tr.extra["update_overlap"], tr.extra["ode_update_overlap"])):
-        diff = (x - y)[:, 1:]
-        assert np.isfinite(diff).all()
-        mean, se = diff.mean(0), diff.std(0, ddof=1) / math.sqrt(cfg.runs)
-        assert (np.abs(mean) <= np.maximum(4 * se, 0.03)).all(), (case, mean, se)
+    assert_ba_flow_within(tr, case)
 
 
 def test_sweep_cell_hash_covers_the_files_content(tmp_path):
