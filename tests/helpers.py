@@ -147,3 +147,24 @@ def assert_ba_flow_within(tr, case) -> None:
         assert np.isfinite(diff).all()
         mean, se = diff.mean(0), diff.std(0, ddof=1) / np.sqrt(runs)
         assert (np.abs(mean) <= np.maximum(4 * se, 0.03)).all(), (case, mean, se)
+
+
+def ba_chain_step_example(settings, start, run: int, dims, gen):
+    """One step of lora-ba's exact chain for run ``run`` from its ``start`` state on drawn
+    (x_A, x_E, ε, Λ), and the same state and example written out in R^d, the chain's frame
+    (``dims`` = (d, t, rank, batch)): A = [Z, C Eᵀ], x = (x_A, E x_E + Q_ρ Λ) with E, Q_ρ
+    orthonormal in the rest. Returns ((B′, Z′, C′, rss), A₀ (r, d), x (b, d), draws)."""
+    from dynamics.reduced.lora_ba_chain import step_given
+
+    d, t, rank, batch = dims
+    z0, c0 = (start.state[n][run].copy() for n in ("z", "c"))
+    lam = np.tril(gen.standard_normal((batch, batch)), -1)
+    lam[np.diag_indices(batch)] = np.sqrt(gen.chisquare(d - t - rank - np.arange(batch)))
+    draws = {"xa": gen.standard_normal((batch, t)), "xe": gen.standard_normal((batch, rank)),
+             "eps": gen.standard_normal(batch), "lam": lam}
+    new = step_given(settings, start, run, draws)
+    basis, _ = np.linalg.qr(gen.standard_normal((d - t, rank + batch)))
+    e, q = basis[:, :rank], basis[:, rank:]
+    a0 = np.concatenate([z0, c0 @ e.T], -1)
+    x = np.concatenate([draws["xa"], draws["xe"] @ e.T + lam @ q.T], -1)
+    return new, a0, x, draws

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers import assert_ba_flow_within
+from helpers import assert_ba_flow_within, ba_chain_step_example
 from scipy.stats import ks_2samp
 
 from dynamics.activations import torch_activation
@@ -27,7 +27,7 @@ from dynamics.errors import ConfigError
 from dynamics.learners import Problem, get_learner
 from dynamics.learners.lora_ba import LoRABA
 from dynamics.learners.lora_ba_rows import ba_rows_of_instances, rows_loss
-from dynamics.reduced.lora_ba_chain import LoraBASettings, LoraBAStart, step_given
+from dynamics.reduced.lora_ba_chain import LoraBASettings, LoraBAStart
 from dynamics.setup.config import RunConfig
 
 F64 = torch.float64
@@ -231,18 +231,10 @@ def test_chain_step_matches_explicit_rd_step(tmp_path, normalize, rank, batch, t
     assert t == 2 * K and settings.span == t
     gen = np.random.default_rng(7)
     run = 1
-    b0, z0, c0 = (start.state[n][run].copy() for n in ("b", "z", "c"))
-    b0 = 0.4 * gen.standard_normal(b0.shape)
+    b0 = 0.4 * gen.standard_normal(start.state["b"][run].shape)
     start.state["b"][run] = b0
-    lam = np.tril(gen.standard_normal((batch, batch)), -1)
-    lam[np.diag_indices(batch)] = np.sqrt(gen.chisquare(d - t - rank - np.arange(batch)))
-    draws = {"xa": gen.standard_normal((batch, t)), "xe": gen.standard_normal((batch, rank)),
-             "eps": gen.standard_normal(batch), "lam": lam}
-    b1, z1, c1, rss = step_given(settings, start, run, draws)
-    basis, _ = np.linalg.qr(gen.standard_normal((d - t, rank + batch)))
-    e, q = basis[:, :rank], basis[:, rank:]
-    a0 = np.concatenate([z0, c0 @ e.T], -1)
-    x = np.concatenate([draws["xa"], draws["xe"] @ e.T + lam @ q.T], -1)
+    (b1, z1, c1, rss), a0, x, draws = ba_chain_step_example(settings, start, run,
+                                                            (d, t, rank, batch), gen)
     w, v = _dense_rows(start.learner, d)
     act = torch_activation(instances[0].activation)
     s = start.learner.scale

@@ -17,12 +17,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from helpers import ba_chain_step_example
 from scipy.stats import ks_2samp
 
 from dynamics.engines.choice import engine_reason
 from dynamics.engines.engine import simulate
 from dynamics.learners import get_learner
-from dynamics.reduced.lora_ba_chain import LoraBASettings, LoraBAStart, step_given
+from dynamics.reduced.lora_ba_chain import LoraBASettings, LoraBAStart
 from dynamics.reduced.segments import Pace, run_to_end
 from dynamics.setup.config import RunConfig
 
@@ -56,20 +57,13 @@ def test_step_matches_explicit_rd_step(rank, batch, options):
     d, t = SPEC["d"], 4
     gen = np.random.default_rng(7)
     run = 1
-    b0, z0, c0 = (start.state[n][run].copy() for n in ("b", "z", "c"))
+    b0 = start.state["b"][run].copy()
     if options.get("init_b", "zero") == "zero":  # move B off zero so that every term acts
         b0 = 0.4 * gen.standard_normal(b0.shape)
         start.state["b"][run] = b0
-    lam = np.tril(gen.standard_normal((batch, batch)), -1)
-    lam[np.diag_indices(batch)] = np.sqrt(gen.chisquare(d - t - rank - np.arange(batch)))
-    draws = {"xa": gen.standard_normal((batch, t)), "xe": gen.standard_normal((batch, rank)),
-             "eps": gen.standard_normal(batch), "lam": lam}
-    b1, z1, c1, rss = step_given(settings, start, run, draws)
     # the explicit R^d state and example: A = [Z, C Eᵀ], x = (x_A, E x_E + Q_ρ Λₙ)
-    basis, _ = np.linalg.qr(gen.standard_normal((d - t, rank + batch)))
-    e, q = basis[:, :rank], basis[:, rank:]
-    a0 = np.concatenate([z0, c0 @ e.T], -1)
-    x = np.concatenate([draws["xa"], draws["xe"] @ e.T + lam @ q.T], -1)
+    (b1, z1, c1, rss), a0, x, draws = ba_chain_step_example(settings, start, run,
+                                                            (d, t, rank, batch), gen)
     learner = start.learner
     state = learner.init_state(np.stack([b0] * 2), np.stack([a0] * 2))
     xt = torch.as_tensor(np.stack([x] * 2), dtype=F64)
@@ -84,7 +78,7 @@ def test_step_matches_explicit_rd_step(rank, batch, options):
     assert math.isclose(1.0 / math.sqrt(1.0 + rss / batch), float(health[0]), rel_tol=1e-12)
     assert np.abs(b1 - b0).max() > 1e-3  # the step moved
     if options.get("train_a", True):
-        assert np.abs(c1 @ c1.T - c0 @ c0.T).max() > 1e-4
+        assert np.abs(c1 @ c1.T - a0[:, t:] @ a0[:, t:].T).max() > 1e-4  # C₀C₀ᵀ
 
 
 # ---------------------------------------------------------------------- the law
