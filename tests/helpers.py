@@ -168,3 +168,24 @@ def ba_chain_step_example(settings, start, run: int, dims, gen):
     a0 = np.concatenate([z0, c0 @ e.T], -1)
     x = np.concatenate([draws["xa"], draws["xe"] @ e.T + lam @ q.T], -1)
     return new, a0, x, draws
+
+
+def ks_last_two(full, red, names) -> dict:
+    """{name: min over the last two checkpoints of the KS p-value of ``full`` against ``red``}
+    for each observable ``name`` (``overlap``, ``loss`` or an ``extra`` key); each side must
+    be finite in > 99 % of its runs there."""
+    from scipy.stats import ks_2samp
+
+    def values(tr, name):
+        return getattr(tr, name) if name in ("overlap", "loss") else tr.extra[name]
+
+    out = {}
+    for name in names:
+        a, b = values(full, name), values(red, name)
+        ps = []
+        for c in (-2, -1):
+            x, y = a[:, c], b[:, c]
+            assert np.isfinite(x).mean() > 0.99 and np.isfinite(y).mean() > 0.99
+            ps.append(ks_2samp(x[np.isfinite(x)], y[np.isfinite(y)]).pvalue)
+        out[name] = min(ps)
+    return out

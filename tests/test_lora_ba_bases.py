@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers import assert_ba_flow_within, ba_chain_step_example
+from helpers import assert_ba_flow_within, ba_chain_step_example, ks_last_two
 from scipy.stats import ks_2samp
 
 from dynamics.activations import torch_activation
@@ -262,17 +262,7 @@ def _ks(config) -> dict:
     full = simulate(replace(config, engine="full"))
     red = get_learner("lora-ba").exact_chain().simulate(replace(config, engine="reduced",
                                                                 seed=11))
-    out = {}
-    for name in ("overlap", "loss", "b_norm"):
-        a, b = ((tr.overlap if name == "overlap" else tr.loss if name == "loss"
-                 else tr.extra[name]) for tr in (full, red))
-        ps = []
-        for c in (-2, -1):
-            x, y = a[:, c], b[:, c]
-            assert np.isfinite(x).mean() > 0.99 and np.isfinite(y).mean() > 0.99
-            ps.append(ks_2samp(x[np.isfinite(x)], y[np.isfinite(y)]).pvalue)
-        out[name] = min(ps)
-    return out
+    return ks_last_two(full, red, ("overlap", "loss", "b_norm"))
 
 
 LAW_CASES = {

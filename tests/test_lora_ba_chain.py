@@ -17,8 +17,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers import ba_chain_step_example
-from scipy.stats import ks_2samp
+from helpers import ba_chain_step_example, ks_last_two
 
 from dynamics.engines.choice import engine_reason
 from dynamics.engines.engine import simulate
@@ -86,16 +85,7 @@ def _ks(config, *, rest_dof=None, seed=11) -> dict:
     """min over the compared checkpoints (the last two) of the KS p-value, per observable."""
     full = simulate(replace(config, engine="full"))
     red = _chain().simulate(replace(config, engine="reduced", seed=seed), _chi2_dof=rest_dof)
-    out = {}
-    for name in ("overlap", "update_overlap", "b_norm"):
-        a, b = ((tr.overlap if name == "overlap" else tr.extra[name]) for tr in (full, red))
-        ps = []
-        for c in (-2, -1):
-            x, y = a[:, c], b[:, c]
-            assert np.isfinite(x).mean() > 0.99 and np.isfinite(y).mean() > 0.99
-            ps.append(ks_2samp(x[np.isfinite(x)], y[np.isfinite(y)]).pvalue)
-        out[name] = min(ps)
-    return out
+    return ks_last_two(full, red, ("overlap", "update_overlap", "b_norm"))
 
 
 LAW_CASES = {
