@@ -561,10 +561,7 @@ def corrected_plan(config, instances: list[Instance], steps, start):
         notes.append(f"none at {_costly_cells(costly)} > {share:.3g} s (its share of the "
                      f"{CORRECTED_BUDGET_S:g} s budget; loradyn hermite ode --corrected gives "
                      "it from chosen starts)")
-    if not chosen.any():
-        if not notes:  # one group whose single start is over the budget
-            notes.append(f"≈ {total:.0f} s for {len(instances)} runs > "
-                         f"{CORRECTED_BUDGET_S:g} s")
+    if not chosen.any():  # every group skipped or over its share: a note says each
         return chosen, None, "finite-d corrected ODE not recorded: " + "; ".join(notes)
     if chosen.all():
         return chosen, None, None
