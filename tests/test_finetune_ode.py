@@ -663,15 +663,17 @@ def test_corrected_plan_costs_each_group_at_its_own_stiffness_and_leaves_finite_
     overlay_budget = overlay.CORRECTED_BUDGET_S
     try:
         overlay.CORRECTED_BUDGET_S = 1e9  # every start fits, but not the finite-ξ cell
-        chosen, partial, why = corrected_plan(cfg, instances, steps, start)
+        chosen, partial, why, stiffness = corrected_plan(cfg, instances, steps, start)
         assert chosen[:8].all() and not chosen[8:].any() and why is None
+        # the band is costed at the stiffest costed cell (here the middle one's)
+        assert stiffness == overlay._group_rate(cfg, mid, np.arange(4, 8), start) > 0
         assert "ξ²/d ≥ 0.25" in partial
         overlay.CORRECTED_BUDGET_S = each[0] + each[1]  # a share of (e₀ + e₁)/2: e₁ over it
-        chosen, partial, why = corrected_plan(cfg, instances, steps, start)
+        chosen, partial, why, stiffness = corrected_plan(cfg, instances, steps, start)
         assert chosen[:4].all() and not chosen[4:].any()
         assert "ξ = 8.944" in partial and "ξ²/d ≥ 0.25" in partial
         overlay.CORRECTED_BUDGET_S = each[0] / 2  # no cell's start fits: not recorded at all
-        chosen, partial, why = corrected_plan(cfg, instances, steps, start)
+        chosen, partial, why, stiffness = corrected_plan(cfg, instances, steps, start)
         assert not chosen.any() and partial is None and why.startswith(
             "finite-d corrected ODE not recorded")
     finally:

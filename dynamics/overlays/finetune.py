@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -57,6 +58,7 @@ __all__ = [
     "initial_drift_sign",
     "budget_groups",
     "corrected_plan",
+    "CorrectedPlan",
     "budget_starts",
     "finetune_regime",
     "finite_xi_applies",
@@ -211,15 +213,14 @@ def finetune_theory(config, instances: list[Instance], m0: np.ndarray, steps: np
     p0, mu0, c0 = finetune_start(config, instances, m0, start)
     corrected = corrected_applies(config, instances[0].d)
     why = {}  # attribute of ``ode`` (corrected, band, no_theory) → why that line is left out
-    chosen, partial, left_out = (corrected_plan(config, instances, steps, (p0, mu0, c0))
-                                 if corrected else (None, None, None))
+    chosen, partial, left_out, rho = (corrected_plan(config, instances, steps, (p0, mu0, c0))
+                                      if corrected else (None, None, None, 0.0))
     if corrected and not chosen.any():
         corrected = False
         why["corrected"] = left_out
         print(f"note: {left_out}", file=sys.stderr)
     elif partial:
         print(f"note: {partial}", file=sys.stderr)
-    rho = _start_rate(config, instances, p0, mu0, c0) if corrected else 0.0
     ode, c_ode = np.full(shape, np.nan), np.full(shape, np.nan)
     corr, c_corr = np.full(shape, np.nan), np.full(shape, np.nan)
     band, band_skipped = (_joint_band_plan(config, instances, steps, rho) if corrected
@@ -471,7 +472,7 @@ def _costly_cells(costly: list) -> str:
 def corrected_seconds(config, instances: list[Instance], steps, rho: float = 0.0) -> float:
     """Estimated seconds of the corrected ODE of every run (``CORRECTED_SECONDS`` per run,
     RK4 step and row; RK4 steps: :func:`_rk4_steps`, ``rho`` the drift's stiffness at the
-    runs' starts, :func:`_start_rate`; 0: steps of ``FLOW_STEP`` only)."""
+    runs' starts, :func:`_group_rate`; 0: steps of ``FLOW_STEP`` only)."""
     o = config.options
     rk4 = _rk4_steps(config, steps, rho)
     k = instances[0].k
@@ -500,13 +501,6 @@ def _rk4_steps(config, steps, rho: float = 0.0) -> int:
     return math.ceil(float(np.max(steps)) * per_step)
 
 
-def _start_rate(config, instances: list[Instance], p0, mu0, c0) -> float:
-    """ρ of the corrected ODE at the starts of the first run group's first 4 runs
-    (:func:`_group_rate`)."""
-    inst, idx = group_runs(instances)[0]
-    return _group_rate(config, inst, idx, (p0, mu0, c0))
-
-
 def _group_rate(config, inst: Instance, idx, start) -> float:
     """ρ of the corrected ODE of the runs ``idx`` of ``inst`` at their first 4 starts
     (``start`` = (p₀, μ₀, ĉ₀) of every run; :func:`hermite.finetune.population.drift_rate`,
@@ -525,9 +519,18 @@ def _group_rate(config, inst: Instance, idx, start) -> float:
     return rho if math.isfinite(rho) else 0.0
 
 
-def corrected_plan(config, instances: list[Instance], steps, start):
-    """(mask of the runs whose finite-d corrected ODE is computed, the ``partial`` note or
-    None, why it is nowhere computed or None). ``start`` = (p₀, μ₀, ĉ₀) of every run.
+class CorrectedPlan(NamedTuple):
+    """Where the finite-d corrected ODE is computed (:func:`corrected_plan`)."""
+
+    chosen: np.ndarray  # mask of the runs whose corrected ODE is computed
+    partial: str | None  # the ``partial`` note (some runs' starts only), or None
+    left_out: str | None  # why it is nowhere computed, or None
+    stiffness: float  # the largest ρ of the costed groups (:func:`_group_rate`; 0: none)
+
+
+def corrected_plan(config, instances: list[Instance], steps, start) -> CorrectedPlan:
+    """The runs whose finite-d corrected ODE is computed, with the notes of
+    :class:`CorrectedPlan`. ``start`` = (p₀, μ₀, ĉ₀) of every run.
 
     Each instance group is costed at its own stiffness (:func:`_group_rate`,
     :func:`corrected_seconds`). Not in a group where :func:`finite_xi_applies`: there the
@@ -542,8 +545,10 @@ def corrected_plan(config, instances: list[Instance], steps, start):
     chosen = np.zeros(len(instances), dtype=bool)
     groups = group_runs(instances)
     own = [(inst, idx) for inst, idx in groups if not finite_xi_applies(config, inst)]
-    per_start = [corrected_seconds(config, [inst], steps, _group_rate(config, inst, idx, start))
-                 for inst, idx in own]
+    rates = [_group_rate(config, inst, idx, start) for inst, idx in own]
+    per_start = [corrected_seconds(config, [inst], steps, rate)
+                 for rate, (inst, _) in zip(rates, own, strict=True)]
+    stiffness = max(rates, default=0.0)
     total = sum(cost * idx.size for cost, (_, idx) in zip(per_start, own, strict=True))
     share = CORRECTED_BUDGET_S / max(1, len(own))
     costly = []  # the groups left out by their cost
@@ -562,14 +567,15 @@ def corrected_plan(config, instances: list[Instance], steps, start):
                      f"{CORRECTED_BUDGET_S:g} s budget; loradyn hermite ode --corrected gives "
                      "it from chosen starts)")
     if not chosen.any():  # every group skipped or over its share: a note says each
-        return chosen, None, "finite-d corrected ODE not recorded: " + "; ".join(notes)
+        return CorrectedPlan(chosen, None, "finite-d corrected ODE not recorded: "
+                             + "; ".join(notes), stiffness)
     if chosen.all():
-        return chosen, None, None
+        return CorrectedPlan(chosen, None, None, stiffness)
     if total > CORRECTED_BUDGET_S:
         notes.insert(0, f"from {int(chosen.sum())} of {len(instances)} runs' starts, spread "
                      f"over their ⟨û₀, u⟩ (all ≈ {total:.0f} s > {CORRECTED_BUDGET_S:g} s)")
-    return chosen, ("finite-d corrected ODE from some runs' starts only (NaN in the others): "
-                    + "; ".join(notes)), None
+    return CorrectedPlan(chosen, "finite-d corrected ODE from some runs' starts only (NaN in "
+                         "the others): " + "; ".join(notes), None, stiffness)
 
 
 def _kernel_kind(inst: Instance) -> str:
