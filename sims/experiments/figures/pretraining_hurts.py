@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from sims.experiments.figures.recipe import Recipe
+from sims.experiments.figures.recipe import Recipe, measure_and_draw
 from sims.experiments.pretraining_hurts import (
     FORMAT,
     HALF_WIDTH,
@@ -164,11 +164,6 @@ def reproduce(quick: bool, h5, png, echo=None) -> HurtsResult:
     """Measure (resuming the points of an earlier ``h5``), write ``h5``, draw ``png`` and, with
     ``echo``, print the table (:func:`sims.experiments.pretraining_hurts.summary_lines`)."""
     from sims.experiments.pretraining_hurts import run_hurts, summary_lines
-    from sims.plots.curves import save_figure
 
-    result = run_hurts(spec(quick), h5, echo=echo)
-    save_figure(render(result, quick), png)
-    if echo is not None:
-        for line in summary_lines(result):
-            echo(line)
-    return result
+    return measure_and_draw(run_hurts, lambda result: render(result, quick), summary_lines,
+                            spec(quick), (h5, png), echo)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["Panel", "Recipe", "unit_row_instance", "CONVENTION", "CONVENTION_TEXT",
-           "convention_caption", "with_convention"]
+           "convention_caption", "with_convention", "measure_and_draw"]
 
 _DRAWS = ("wᵢ i.i.d. uniform on S^{d−1} (W = separated), c and ĉ i.i.d. uniform on "
           "S^{k−1} (gaussian), λ = 1")
@@ -105,3 +105,19 @@ def with_convention(sweep: dict, convention: str) -> dict:
     head = dict(sweep.get("sweep", {}))
     head["name"] = f"{head.get('name', 'figure')}-{convention}"
     return dict(sweep) | {"base": base, "sweep": head}
+
+
+def measure_and_draw(measure: Callable, draw: Callable, summary: Callable, spec, paths: tuple,
+                     echo=None):
+    """A measured figure (``pretraining-hurts``, ``separation``): ``measure(spec, h5,
+    echo=echo)`` (resuming an earlier ``h5``), ``draw(result)`` saved to ``png`` (``paths`` =
+    (h5, png)) and, with ``echo``, each line of ``summary(result)``; returns the result."""
+    from sims.plots.curves import save_figure
+
+    h5, png = paths
+    result = measure(spec, h5, echo=echo)
+    save_figure(draw(result), png)
+    if echo is not None:
+        for line in summary(result):
+            echo(line)
+    return result

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sims.experiments.figures.recipe import Recipe
+from sims.experiments.figures.recipe import Recipe, measure_and_draw
 from sims.experiments.separation import (
     FORMAT,
     LEVEL,
@@ -136,11 +136,6 @@ def reproduce(quick: bool, h5, png, echo=None) -> SeparationResult:
     """Measure (resuming the cells of an earlier ``h5``), write ``h5``, draw ``png`` and, with
     ``echo``, print the summary (:func:`sims.experiments.separation.summary_lines`)."""
     from sims.experiments.separation import run_separation, summary_lines
-    from sims.plots.curves import save_figure
 
-    result = run_separation(spec(quick), h5, echo=echo)
-    save_figure(render(result, quick), png)
-    if echo is not None:
-        for line in summary_lines(result):
-            echo(line)
-    return result
+    return measure_and_draw(run_separation, lambda result: render(result, quick), summary_lines,
+                            spec(quick), (h5, png), echo)
