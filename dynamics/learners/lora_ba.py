@@ -38,12 +38,13 @@ t = dim span(W, W*) coordinates (``self.width`` = t, ``self.lmat`` = W there); w
 the teacher is f* = Σλᵢσ(⟨w*ᵢ, x⟩). Observables, loss and flow of those rows
 (``lora_ba_rows.rows_observables``, ``rows_loss``, ``hermite.flows.lora_ba.BARowsGeometry``).
 A separate teacher σ* (``teacher_activation``: f* = Σλᵢσ*(⟨vᵢ, x⟩), the student keeps σ) and
-squared labels (``labels`` = y2: y = f*² + label noise), on either path. With labels y and
-normalised rows the loss is exact and the flow drawn through the cross kernel
-E[σ*(z₁)σ(z₂)] (``hermite.flows.lora_ba.cross_kernel``); labels y2 and σ* ≠ σ on rows as they
-are: no flow (NaN, a ``no_theory`` attribute), the loss a Monte Carlo average on a fixed set
-(:func:`monte_carlo_loss`). All options at their defaults: the paper's teacher, number for
-number.
+squared labels (``labels`` = y2: y = f*² + label noise), on either path. With normalised rows
+the loss is exact and the flow drawn: labels y through the cross kernel E[σ*(z₁)σ(z₂)]
+(``hermite.flows.lora_ba.cross_kernel``), labels y2 through the three-field integrals
+E[σ*σ*σ] and E[f*⁴] (``hermite.flows.lora_ba_squared``); on rows as they are, labels y2 and
+σ* ≠ σ have no flow (NaN, a ``no_theory`` attribute) and the loss is a Monte Carlo average on
+a fixed set (:func:`monte_carlo_loss`). The finite-η·d line: the paper's teacher with labels y
+only. All options at their defaults: the paper's teacher, number for number.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ CORRECTED_NOTE = ("finite-η·d flow (hermite.flows.lora_ba.corrected_flow): the
                   "1: mean over B's noise kick at the escape (lora_ba_escape.kicked_overlap)")
 CORRECTED_RUNS = 64  # the finite-η·d line is drawn from at most this many runs' starts
 MC_POINTS, MC_SEED = 2**14, 39  # the Monte Carlo loss's fixed evaluation set (no exact loss)
-NO_FLOW_Y2 = ("no population flow for labels y2 (it needs E[f*⁴] and E[f*²σ(·)] of k-field "
-              "Gaussians): not drawn")
+NO_FLOW_Y2 = ("no population flow for labels y2 with rows as they are (three-field integrals "
+              "of rows of any norm not tabulated): not drawn")
 NO_FLOW_RAW = ("no population flow for a teacher σ* ≠ σ with rows as they are (no cross pair "
                "integrals of rows of any norm): not drawn")
 
@@ -429,30 +430,35 @@ class LoRABA(Learner):
                                theory=theory, extra_attrs=attrs)
 
     def no_flow(self) -> str | None:
-        """Why the population flow does not apply (labels y2; σ* ≠ σ on rows as they are),
+        """Why the population flow does not apply (labels y2 or σ* ≠ σ on rows as they are),
         None where it does."""
+        if self.normalize:
+            return None
         if self.squared:
             return NO_FLOW_Y2
-        return NO_FLOW_RAW if self.teacher is not None and not self.normalize else None
+        return NO_FLOW_RAW if self.teacher is not None else None
 
     def geometry(self, inst, run: int):
         """The flow's geometry of run ``run`` (instance ``inst``): the instance itself (the
-        paper's teacher, σ* = σ), else ``hermite.flows.lora_ba.BARowsGeometry`` of its rows
-        with the teacher's σ* (normalised rows; rows as they are keep σ here)."""
+        paper's teacher, σ* = σ, labels y), else ``hermite.flows.lora_ba.BARowsGeometry`` of its
+        rows with the teacher's σ* and labels y2 (normalised rows; rows as they are keep σ and
+        labels y here)."""
         from hermite.flows.lora_ba import BARowsGeometry, teacher_geometry
 
         teacher = self.teacher_name if self.normalize else None
+        squared = self.squared and self.normalize
         if self.rows is None:
-            return inst if teacher is None else teacher_geometry(inst, teacher)
+            return inst if teacher is None and not squared else \
+                teacher_geometry(inst, teacher, squared)
         r = self.rows
         return BARowsGeometry(inst.activation, r.lam[run], r.w[run], r.v[run], r.normalize,
-                              teacher)
+                              teacher, squared)
 
     def loss(self, insts, delta: np.ndarray) -> tuple[np.ndarray, str]:
         """((R, C) population loss E(f* − f̂)² of the rows W + Δ (no label noise), its kind):
-        exact (dual kernels; σ* ≠ σ: with the cross kernel, ``hermite.flows.lora_ba``), or
-        a Monte Carlo average (:func:`monte_carlo_loss`) for labels y2 and for σ* ≠ σ on rows
-        as they are."""
+        exact (dual kernels; σ* ≠ σ: with the cross kernel, ``hermite.flows.lora_ba``; labels
+        y2: ``hermite.flows.lora_ba_squared``), or a Monte Carlo average
+        (:func:`monte_carlo_loss`) for labels y2 and for σ* ≠ σ on rows as they are."""
         from hermite.flows.lora_ba import rows_loss as geometry_loss
 
         if self.teacher is None and not self.squared:

@@ -7,6 +7,7 @@
 - ``regime``: the fine-tuning learner's regime, start and solver settings (frozen objects).
 - ``pretrained``: fine-tuning from a pre-trained base w₀ = μu: flow, escape time (issue 39).
 - ``lora_ba``: LoRA as practised (W + s·B·A, plain SGD): the population flow of (B, A) (issue 39).
+- ``lora_ba_squared``: lora-ba's loss and gradient with labels y = f*² (three-field integrals).
 - ``lora_ba_escape``: lora-ba's escape from B = 0: rate, B's noise kick, steps T(d) (issue 39).
 
 Imports ``expansion`` and the root.

@@ -78,8 +78,11 @@ K×′(ρ) = E[σ*′(z₁)σ′(z₂)] (Price; :func:`cross_kernel`, a Chebyshe
     F = λᵀK*(VVᵀ)λ + λᵀK(ĤĤᵀ)λ − 2λᵀK×(VĤᵀ)λ,   ∂F/∂ĥⱼ as above with K×′ for K′ in the
     teacher's sum;
 
-the paper's instance enters through :func:`teacher_geometry`. Squared labels (y = f*²) and
-rows as they are with σ* ≠ σ have no flow here (the learner records why).
+the paper's instance enters through :func:`teacher_geometry`. Squared labels (y = f*²,
+normalised rows, σ* = σ or not; :attr:`BARowsGeometry.squared`): F and the teacher's sum of
+∂F/∂ĥⱼ from ``hermite.flows.lora_ba_squared`` (three-field Gaussian integrals E[σ*σ*σ],
+tabulated per teacher pair, and E[f*⁴]). Squared labels or σ* ≠ σ on rows as they are have no
+flow here (the learner records why).
 
 Torch-free; instances duck-typed as ``hermite.flows.linearized``'s.
 """
@@ -112,8 +115,8 @@ FLOW_RTOL, FLOW_ATOL = 1e-8, 1e-11  # solve_ivp tolerances (a curve beside SGD)
 class BARowsGeometry:
     """Given rows (module docstring): σ ``act`` (a name or activation), λ (k), base W (k×t),
     teacher rows ``v`` (k×t; divided by their norms where ``normalize``), the teacher's σ*
-    (``teacher``; None: σ). Accepted wherever an instance is (its first t coordinates play
-    the canonical ones' part)."""
+    (``teacher``; None: σ), labels y = f*² (``squared``; normalised rows). Accepted wherever
+    an instance is (its first t coordinates play the canonical ones' part)."""
 
     act: object
     lam: np.ndarray
@@ -121,8 +124,11 @@ class BARowsGeometry:
     v: np.ndarray
     normalize: bool = True
     teacher: object = None
+    squared: bool = False
 
     def __post_init__(self):
+        if self.squared and not self.normalize:
+            raise ValueError("labels y2 have a flow for normalised rows only")
         object.__setattr__(self, "act", resolve_activation(self.act))
         if self.teacher is not None:
             teacher = resolve_activation(self.teacher)
@@ -131,10 +137,11 @@ class BARowsGeometry:
                 raise ValueError("a teacher σ* ≠ σ has a flow for normalised rows only")
 
 
-def teacher_geometry(instance, teacher) -> BARowsGeometry:
-    """The paper's rows of an instance (``linearized._geometry``) with the teacher σ*."""
+def teacher_geometry(instance, teacher, squared: bool = False) -> BARowsGeometry:
+    """The paper's rows of an instance (``linearized._geometry``) with the teacher σ* (None:
+    σ) and labels f*² where ``squared``."""
     geo = _geometry(instance)
-    return BARowsGeometry(geo.act, geo.lam, geo.w, geo.v, True, teacher)
+    return BARowsGeometry(geo.act, geo.lam, geo.w, geo.v, True, teacher, squared)
 
 
 _CROSS: dict = {}
@@ -224,6 +231,10 @@ def rows_loss(geo: BARowsGeometry, delta) -> np.ndarray:
     h = _padded(geo.w, delta.shape[-1]) + delta
     if geo.normalize:
         h = h / np.linalg.norm(h, axis=-1, keepdims=True)
+    if geo.squared:  # unit rows, labels f*² (lora_ba_squared)
+        from hermite.flows.lora_ba_squared import squared_loss
+
+        return squared_loss(geo, h)
     v = _padded(geo.v, delta.shape[-1])
     if geo.teacher is not None:  # unit rows, σ* ≠ σ: λᵀK*(VVᵀ)λ + λᵀK(ĤĤᵀ)λ − 2λᵀK×(VĤᵀ)λ
         def form(kern):
@@ -256,10 +267,15 @@ def row_gradient(instance, h) -> np.ndarray:
     hh = h / n[..., None]
     lam2 = geo.lam[:, None] * geo.lam[None, :]
     rho = np.clip(hh @ np.swapaxes(hh, -1, -2), -1.0, 1.0)  # ⟨ĥᵢ, ĥⱼ⟩
-    kap = np.clip(np.einsum("ia,...ja->...ij", v, hh), -1.0, 1.0)  # ⟨vᵢ, ĥⱼ⟩
     ks = lam2 * dual_kernel_derivative(geo.act, rho)
-    kc = lam2 * _teacher_kernel(geo, kap)
-    g_hat = 2.0 * (np.swapaxes(ks, -1, -2) @ hh - np.swapaxes(kc, -1, -2) @ v)
+    if getattr(geo, "squared", False):  # labels f*²: λⱼ∂C/∂ĥⱼ (lora_ba_squared)
+        from hermite.flows.lora_ba_squared import squared_teacher_gradient
+
+        teach = squared_teacher_gradient(geo, hh)
+    else:
+        kap = np.clip(np.einsum("ia,...ja->...ij", v, hh), -1.0, 1.0)  # ⟨vᵢ, ĥⱼ⟩
+        teach = np.swapaxes(lam2 * _teacher_kernel(geo, kap), -1, -2) @ v
+    g_hat = 2.0 * (np.swapaxes(ks, -1, -2) @ hh - teach)
     return (g_hat - hh * (hh * g_hat).sum(-1, keepdims=True)) / n[..., None]
 
 
