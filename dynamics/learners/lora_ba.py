@@ -43,8 +43,9 @@ the loss is exact and the flow drawn: labels y through the cross kernel E[σ*(z�
 (``hermite.flows.lora_ba.cross_kernel``), labels y2 through the three-field integrals
 E[σ*σ*σ] and E[f*⁴] (``hermite.flows.lora_ba_squared``); on rows as they are, labels y2 and
 σ* ≠ σ have no flow (NaN, a ``no_theory`` attribute) and the loss is a Monte Carlo average on
-a fixed set (:func:`monte_carlo_loss`). The finite-η·d line: the paper's teacher with labels y
-only. All options at their defaults: the paper's teacher, number for number.
+a fixed set (:func:`monte_carlo_loss`). The finite-η·d line: normalised rows with labels y
+(the paper's or given rows, any σ*). All options at their defaults: the paper's teacher,
+number for number.
 """
 
 from __future__ import annotations
@@ -423,7 +424,7 @@ class LoRABA(Learner):
             attrs = {n: {"no_theory": why} for n in ("ode", "ode_loss", "ode_update_overlap")}
         extra |= {"ode_loss": ode_extra["loss"], "ode_update_overlap": ode_extra["update_overlap"]}
         theory = {"ode": ode}
-        if self.rows is None and (corr := self.corrected(result)) is not None:
+        if (corr := self.corrected(result)) is not None:
             theory["ode_corrected"], attrs["ode_corrected"] = corr
         loss, kind = self.loss(insts, delta)
         return make_trajectory(result, overlap, loss, loss_kind=kind, extra=extra,
@@ -481,16 +482,19 @@ class LoRABA(Learner):
     def corrected(self, result: RunResult) -> tuple[np.ndarray, dict] | None:
         """(overlap (R, C), attributes) of the finite-η·d flow (``hermite.flows.lora_ba``'s
         ``corrected_flow``; rank 1: ``lora_ba_escape.kicked_overlap``, the mean over B's noise
-        kick at the escape) from the first ``CORRECTED_RUNS`` runs' starts (NaN in
-        the others); None where ``finite_d_theory`` is off, A frozen, σ* or y2 given, or
-        d ≤ k + 1 + r."""
+        kick at the escape) of each run's :meth:`geometry` (given rows: t = dim span(W, W*)
+        for k + 1; a σ* enters the labels only) from the first ``CORRECTED_RUNS`` runs'
+        starts (NaN in the others); None where ``finite_d_theory`` is off, A frozen, labels
+        y2 (the escape's rest Hessian M is not written for f*²), rows as they are (gⱼ = δⱼ,
+        Nⱼ = 1: neither E[ggᵀ] nor M is written for rows of any norm), or d ≤ t + r."""
         from hermite.flows.lora_ba import BANoise, corrected_flow
         from hermite.flows.lora_ba_escape import kicked_overlap
 
         config, rec, insts = result.config, result.records, result.instances
         runs, cps = len(insts), result.steps.size
-        if (not config.finite_d_theory or not self.train_a or self.teacher is not None
-                or self.squared or insts[0].d <= self.k + 1 + self.rank):
+        t = self.k + 1 if self.rows is None else self.rows.t
+        if (not config.finite_d_theory or not self.train_a or self.squared
+                or not self.normalize or insts[0].d <= t + self.rank):
             return None
         noise = BANoise(float(config.eta), int(insts[0].d), int(config.batch),
                         float(config.label_noise))
@@ -503,11 +507,22 @@ class LoRABA(Learner):
                 continue
             kw = dict(scale=self.scale, lr_ratio=self.lr_ratio)
             b0, a0 = rec["b"][idx, 0], rec["a"][idx, 0]
+            geo = self.geometry(inst, idx[0])
             if self.rank == 1:
-                out[idx] = kicked_overlap(inst, b0, a0, times, noise, **kw)
-            else:
-                fl = corrected_flow(inst, b0, a0, times, noise, train_a=True, **kw)
+                direction = None  # the instance's u
+                if self.rows is not None:
+                    direction = self.rows.u[idx[0]]
+                elif geo is not inst:  # the paper's rows with a σ*
+                    direction = np.append(inst.u_w, inst.u_perp)
+                out[idx] = kicked_overlap(geo, b0, a0, times, noise, direction=direction, **kw)
+                continue
+            fl = corrected_flow(geo, b0, a0, times, noise, train_a=True, **kw)
+            if self.rows is None:
                 out[idx] = update_observables([inst] * idx.size, fl.b, fl.a, self.scale)[0]
+            else:
+                part = BARows(*(getattr(self.rows, n)[idx] for n in
+                                ("w", "v", "u", "target", "lam")), self.rows.normalize)
+                out[idx] = rows_observables(part, fl.b, fl.a, self.scale)[0]
         note = CORRECTED_NOTE.format(eta_d=config.eta * insts[0].d)
         if runs > CORRECTED_RUNS:
             note += f"; from the first {CORRECTED_RUNS} of {runs} runs' starts (NaN in the rest)"

@@ -68,7 +68,11 @@ P₂ = E[aσ′(a)σ(b)], J₂ = E[σ′(a)σ′(b)] (``hermite.committee.Commit
     ∂F/∂hⱼ = −2λⱼ (Σᵢ λᵢ m(hⱼ, w*ᵢ) − Σᵢ λᵢ m(hⱼ, hᵢ)),   m = (S).
 
 Z (A's coordinates in span(W, W*)) and A's Gram are again the order parameters: ∂F/∂H's rows
-lie in span(W, W*) ⊕ rows(A). (The finite-η·d correction is the paper's teacher's only.)
+lie in span(W, W*) ⊕ rows(A). The finite-η·d flow carries over to normalised rows (any σ*,
+labels y or y²): their chain is (BA4) with t = dim span(W, W*) for k + 1, so n = d − t − r
+and E[ggᵀ] of their rows (``hermite.flows.lora_ba_escape`` for the escape, labels y);
+rows as they are have none (g = δ: neither (N)'s moment nor the escape's M is written
+for them).
 
 A separate teacher σ* (``teacher_activation``, :attr:`BARowsGeometry.teacher`; normalised
 rows, labels y): f* = Σᵢλᵢσ*(⟨vᵢ, x⟩), so with the cross kernel K×(ρ) = E[σ*(z₁)σ(z₂)] and
@@ -314,6 +318,15 @@ def _normals(dim: int, samples: int, seed: int) -> np.ndarray:
     return x
 
 
+def _noise_geometry(instance):
+    """The rows of an instance or a :class:`BARowsGeometry` (:func:`_geo`) for the SGD noise:
+    ValueError for rows as they are (the finite-η·d theory is written for unit rows)."""
+    geo = _geo(instance)
+    if not getattr(geo, "normalize", True):
+        raise ValueError("the finite-η·d theory needs normalised rows (normalize_rows on)")
+    return geo
+
+
 def gradient_covariance(instance, b, a, scale: float, noise: BANoise) -> np.ndarray:
     """E[g gᵀ] (…, k, k) of one example at B (…, k, r), A (…, r, D) (reduced basis): gⱼ =
     δⱼ/Nⱼ, δⱼ = −2(y − f̂)λⱼσ′(aⱼ) (learner's module docstring), so
@@ -321,8 +334,9 @@ def gradient_covariance(instance, b, a, scale: float, noise: BANoise) -> np.ndar
         E[gᵢgⱼ] = 4λᵢλⱼ/(NᵢNⱼ) (E[(f* − f̂)² σ′(aᵢ)σ′(aⱼ)] + σ_ε² K′(⟨ĥᵢ, ĥⱼ⟩)),
 
     the first a quasi-Monte Carlo average over ``noise.samples`` points x ~ N(0, I_D), the
-    label noise's part exact (Price)."""
-    geo = _geometry(instance)
+    label noise's part exact (Price). Given rows (:class:`BARowsGeometry`, normalised): the
+    same with their W, V, f* = Σλᵢσ*(⟨vᵢ, x⟩) (σ* enters y only), y = f*² where squared."""
+    geo = _noise_geometry(instance)
     a = np.asarray(a, float)
     width = a.shape[-1]
     h = _padded(geo.w, width) + scale * np.asarray(b, float) @ a
@@ -331,7 +345,10 @@ def gradient_covariance(instance, b, a, scale: float, noise: BANoise) -> np.ndar
     x = _normals(width, noise.samples, noise.seed)
     v = _padded(geo.v, width)
     act = geo.act
-    y = act.fn(x @ v.T) @ geo.lam  # (S,)
+    star = act if getattr(geo, "teacher", None) is None else geo.teacher
+    y = star.fn(x @ v.T) @ geo.lam  # (S,)
+    if getattr(geo, "squared", False):
+        y = y * y
     pre = np.einsum("sd,...kd->...sk", x, hh)
     err = y - act.fn(pre) @ geo.lam  # (…, S)
     dl = act.deriv(pre) * geo.lam * err[..., None]  # (…, S, k)
@@ -345,9 +362,10 @@ def gradient_covariance(instance, b, a, scale: float, noise: BANoise) -> np.ndar
 
 def rest_noise(instance, b, a, scale: float, noise: BANoise) -> np.ndarray:
     """The SGD noise's drift of A's rest Gram S per unit τ (…, r, r) (module docstring, (N)):
-    η s² (d − k − 1 − r)/b · Bᵀ E[g gᵀ] B."""
+    η s² (d − t − r)/b · Bᵀ E[g gᵀ] B, t = k + 1 (given rows: dim span(W, W*), the chain's
+    Wishart degree d − t − r)."""
     b = np.asarray(b, float)
-    dof = noise.d - (b.shape[-2] + 1) - b.shape[-1]
+    dof = noise.d - _noise_geometry(instance).w.shape[-1] - b.shape[-1]
     cov = gradient_covariance(instance, b, a, scale, noise)
     return noise.eta * scale**2 * dof / noise.batch * (np.swapaxes(b, -1, -2) @ cov @ b)
 
@@ -412,15 +430,16 @@ def _sqrt_psd(s: np.ndarray) -> np.ndarray:
 def corrected_flow(instance, b0, a0, times, noise: BANoise, *, scale: float = 1.0,
                    lr_ratio: float = 1.0, train_a: bool = True) -> BAFlow:
     """The finite-η·d flow (module docstring, (C)) in (B, Z, S) from B₀ (n, k, r), A₀
-    (n, r, k + 1 + r) to the times τ (T,): dB/dτ and dZ/dτ as :func:`lora_ba_flow`, dS/dτ =
-    R Ṙᵀ + Ṙ Rᵀ + η s² (d − k − 1 − r)/b · Bᵀ E[ggᵀ] B (R = S^{1/2}, Ṙ = −(∂F/∂A)'s rest
-    block); A returned as [Z, S^{1/2}]. RK45 at rtol ``CORRECTED_RTOL``."""
+    (n, r, t + r) to the times τ (T,): dB/dτ and dZ/dτ as :func:`lora_ba_flow`, dS/dτ =
+    R Ṙᵀ + Ṙ Rᵀ + η s² (d − t − r)/b · Bᵀ E[ggᵀ] B (R = S^{1/2}, Ṙ = −(∂F/∂A)'s rest
+    block); A returned as [Z, S^{1/2}]. t = k + 1, or dim span(W, W*) of a
+    :class:`BARowsGeometry` (normalised rows). RK45 at rtol ``CORRECTED_RTOL``."""
     b0, a0 = np.asarray(b0, float), np.asarray(a0, float)
     n, k, r = b0.shape
-    t = k + 1
+    t = _noise_geometry(instance).w.shape[-1]
     if a0.shape[-1] != t + r or noise.d <= t + r:
         raise ValueError(f"the corrected flow needs A's rest of full rank r = {r} and "
-                         f"d > k + 1 + r = {t + r}, got width {a0.shape[-1]}, d = {noise.d}")
+                         f"d > t + r = {t + r}, got width {a0.shape[-1]}, d = {noise.d}")
     times = np.asarray(times, float)
     rest0 = a0[..., t:]
     y0 = np.concatenate([b0.ravel(), a0[..., :t].ravel(), (rest0 @ np.swapaxes(rest0, -1, -2))

@@ -53,7 +53,18 @@ at fixed η·d: T/(d ln d) → 1/(2 η d λ₊).
 The line beside SGD (:func:`kicked_overlap`): a run escapes from ψ₀ + ζ, i.e. at the time of
 its start's corrected flow moved by ln|1 + ζ/ψ₀|/λ₊; the mean over ζ of that flow's overlap
 read at the moved times is the expected overlap of runs from the start, to leading order in
-the escape. Torch-free.
+the escape.
+
+Given rows (``hermite.flows.lora_ba.BARowsGeometry``, normalised, labels y)
+--------------------------------------------------------------------------
+W (k × t) and the teacher rows V in a t-dim frame (t = dim span(W, W*)): span(W, u) becomes
+span(W, W*) and everything above holds with t for k + 1. G = ∂F/∂H at H = W of those rows, (M)
+as written (the rows' norms ω, ρ⁰ and κ⁰ = ⟨vᵢ, ŵⱼ⟩ of the unit teacher rows; a teacher σ* ≠ σ
+changes only the teacher's sum: K×′ = E[σ*′σ′] for K′ in Σᵢλᵢκ⁰ᵢⱼK′(κ⁰ᵢⱼ), since V enters F
+only through λᵀK×(VĤᵀ)λ), E₀[ggᵀ] of the rows at H = W, A₀'s mean rest 1 − t/d, and the
+overlap read along the given direction u (``direction``). Labels y² (M's teacher term would
+need the three-field integrals' derivative) and rows as they are (Nⱼ = 1: the expansion of
+⟨ĥᵢ, ĥⱼ⟩ above does not apply) have none. Torch-free.
 """
 
 from __future__ import annotations
@@ -66,7 +77,14 @@ import scipy.special
 
 from hermite.expansion.kernels import dual_kernel_derivative
 from hermite.flows.linearized import _geometry
-from hermite.flows.lora_ba import BANoise, corrected_flow, gradient_covariance, row_gradient
+from hermite.flows.lora_ba import (
+    BANoise,
+    _geo,
+    _teacher_kernel,
+    corrected_flow,
+    gradient_covariance,
+    row_gradient,
+)
 
 __all__ = ["rest_hessian", "saddle_matrix", "EscapeMode", "escape_mode", "kick_variance",
            "EscapeTime", "escape_time", "passage_time", "kicked_overlap"]
@@ -76,16 +94,26 @@ MEDIAN_ABS_NORMAL = 0.6744897501960817  # median of |N(0, 1)|
 TIME_POINTS = 4001  # grid of the flow's first passage (linear interpolation between points)
 
 
+def _escape_geometry(instance):
+    """The rows of an instance or a normalised ``BARowsGeometry`` with labels y (module
+    docstring); ValueError otherwise."""
+    geo = _geo(instance)
+    if not getattr(geo, "normalize", True) or getattr(geo, "squared", False):
+        raise ValueError("the escape's theory needs normalised rows and labels y")
+    return geo
+
+
 def rest_hessian(instance) -> np.ndarray:
-    """M (k, k), eq. (M): the Hessian of F in the rows' excursions out of span(W, u)."""
-    geo = _geometry(instance)
+    """M (k, k), eq. (M): the Hessian of F in the rows' excursions out of span(W, u) (given
+    rows: span(W, W*); σ* ≠ σ: K×′ in the teacher's sum)."""
+    geo = _escape_geometry(instance)
     omega = np.linalg.norm(geo.w, axis=-1)
     wh = geo.w / omega[:, None]
     rho = np.clip(wh @ wh.T, -1.0, 1.0)
     kap = np.clip(geo.v @ wh.T, -1.0, 1.0)  # κ⁰ᵢⱼ = ⟨vᵢ, ŵⱼ⟩
     lam = geo.lam
     ks = lam[:, None] * lam[None, :] * dual_kernel_derivative(geo.act, rho)
-    kc = lam[:, None] * lam[None, :] * dual_kernel_derivative(geo.act, kap)
+    kc = lam[:, None] * lam[None, :] * _teacher_kernel(geo, kap)
     m = 2.0 * ks
     np.fill_diagonal(m, 0.0)
     diag = 2.0 * ((kc * kap).sum(0) - (ks * rho).sum(0) + np.diag(ks) * np.diag(rho))
@@ -97,7 +125,7 @@ def saddle_matrix(instance, *, scale: float = 1.0, lr_ratio: float = 1.0,
                   rest: float = 1.0) -> np.ndarray:
     """L ((k + t), (k + t)), eq. (L1), of one column of B and row of Z at A's rest Gram
     eigenvalue ``rest``."""
-    geo = _geometry(instance)
+    geo = _escape_geometry(instance)
     g = row_gradient(instance, geo.w)  # (k, t)
     k, t = g.shape
     out = np.zeros((k + t, k + t))
@@ -130,16 +158,16 @@ def escape_mode(instance, *, scale: float = 1.0, lr_ratio: float = 1.0,
     rv, lv = right[:, i].real, left[:, j].real
     rv = rv / np.linalg.norm(rv)
     lv = lv / (lv @ rv)
-    k = instance.k
+    k = _geo(instance).w.shape[0]
     return EscapeMode(float(val[i].real), rv[:k], rv[k:], lv[:k], lv[k:])
 
 
 def kick_variance(instance, mode: EscapeMode, noise: BANoise, *, scale: float = 1.0,
                   lr_ratio: float = 1.0, rest: float = 1.0) -> float:
     """Var ζ, eq. (K): B's noise accumulated on the unstable amplitude ψ."""
-    k = instance.k
+    k, t = _geo(instance).w.shape
     b = np.zeros((k, 1))
-    a = np.zeros((1, k + 2))
+    a = np.zeros((1, t + 1))
     a[0, -1] = math.sqrt(rest)
     cov = gradient_covariance(instance, b, a, scale, noise)
     return (lr_ratio**2 * noise.eta * scale**2 * rest * float(mode.left_b @ cov @ mode.left_b)
@@ -171,13 +199,21 @@ class EscapeTime:
     steps: float
 
 
+def _direction(instance, direction, width: int) -> np.ndarray:
+    """The overlap's direction u (``direction`` (t,), or the instance's) padded to ``width``."""
+    u = np.zeros(width)
+    given = _geometry(instance).u if direction is None else np.asarray(direction, float)
+    u[: given.size] = given
+    return u
+
+
 def escape_time(instance, noise: BANoise, *, level: float = 0.9, scale: float = 1.0,
-                lr_ratio: float = 1.0, horizon: float = 40.0) -> EscapeTime:
+                lr_ratio: float = 1.0, horizon: float = 40.0, direction=None) -> EscapeTime:
     """Eq. (T) for rank 1 and Gaussian A₀ at the SGD ``noise`` (η, d, b): λ₊ (:func:`
     escape_mode` at s_S = 1 − t/d, A₀'s mean rest), σ_eff² = ‖ℓ_z‖² + d·Var ζ, C′ from the
-    corrected flow started at ``EPS_START``·r₊ (τ ≤ ``horizon``)."""
-    k = instance.k
-    t = k + 1
+    corrected flow started at ``EPS_START``·r₊ (τ ≤ ``horizon``); overlap along ``direction``
+    (t,) (given rows; None: the instance's u)."""
+    t = _geo(instance).w.shape[-1]
     rest = 1.0 - t / noise.d
     mode = escape_mode(instance, scale=scale, lr_ratio=lr_ratio, rest=rest)
     sigma2 = float(mode.left_z @ mode.left_z) + noise.d * kick_variance(
@@ -187,9 +223,7 @@ def escape_time(instance, noise: BANoise, *, level: float = 0.9, scale: float = 
     times = np.linspace(0.0, horizon, TIME_POINTS)
     out = corrected_flow(instance, b0, a0, times, noise, scale=scale, lr_ratio=lr_ratio)
     ba = (out.b[0] @ out.a[0])[:, 0]  # (T, D): the rank-1 update's row
-    u = np.zeros(ba.shape[-1])
-    geo = _geometry(instance)
-    u[:t] = geo.u
+    u = _direction(instance, direction, ba.shape[-1])
     with np.errstate(invalid="ignore", divide="ignore"):
         overlap = np.abs(ba @ u) / np.linalg.norm(ba, axis=-1)
     tau = passage_time(times, overlap, level)
@@ -205,35 +239,37 @@ FINE_POINTS = 801  # the corrected flow's grid of τ, interpolated at the shifte
 
 
 def kicked_overlap(instance, b0, a0, times, noise: BANoise, *, scale: float = 1.0,
-                   lr_ratio: float = 1.0, nodes: int = KICK_NODES) -> np.ndarray:
+                   lr_ratio: float = 1.0, nodes: int = KICK_NODES,
+                   direction=None) -> np.ndarray:
     """(n, T) the mean overlap |⟨v₁, u⟩| of runs from each start (B₀ (n, k, 1), A₀ (n, 1,
-    t + 1)) at the times τ, B's kick (eq. (K)) included: the corrected flow's overlap f(τ)
-    from the start, whose unstable amplitude is ψ₀ = ℓ·(b₀, z₀), read at τ + ln|1 + ζ/ψ₀|/λ₊
+    t + 1); u = ``direction`` (t,) for given rows, None: the instance's) at the times τ, B's
+    kick (eq. (K)) included: the corrected flow's overlap f(τ) from the start, whose
+    unstable amplitude is ψ₀ = ℓ·(b₀, z₀), read at τ + ln|1 + ζ/ψ₀|/λ₊
     (the escape from ψ₀ + ζ is the one from ψ₀ moved in time, exact in the linear phase) and
     averaged over ``nodes`` equal-probability nodes of ζ ~ N(0, Var ζ) (rank 1, A trained;
     before τ = 0 the overlap counts as 0)."""
     b0, a0 = np.asarray(b0, float), np.asarray(a0, float)
     n, k, r = b0.shape
+    t = _geo(instance).w.shape[-1]
     if r != 1:
         raise ValueError(f"the kicked overlap is rank 1's (here r = {r})")
     times = np.asarray(times, float)
     fine = np.union1d(times, np.linspace(0.0, float(times.max(initial=0.0)), FINE_POINTS))
     out = corrected_flow(instance, b0, a0, fine, noise, scale=scale, lr_ratio=lr_ratio)
     row = out.a[:, :, 0]  # (n, F, D): A's row (v₁ of the rank-1 B·A where B ≠ 0)
-    u = np.zeros(row.shape[-1])
-    u[: k + 1] = _geometry(instance).u
+    u = _direction(instance, direction, row.shape[-1])
     with np.errstate(invalid="ignore", divide="ignore"):
         curve = np.abs(row @ u) / np.linalg.norm(row, axis=-1)
     curve = np.where(np.linalg.norm(out.b[..., 0], axis=-1) > 0, curve, 0.0)
     x = scipy.special.ndtri((np.arange(nodes) + 0.5) / nodes)
     res = np.full((n, times.size), np.nan)
     for i in range(n):
-        rest = float(a0[i, 0, k + 1:] @ a0[i, 0, k + 1:])
+        rest = float(a0[i, 0, t:] @ a0[i, 0, t:])
         kw = dict(scale=scale, lr_ratio=lr_ratio, rest=rest)
         mode = escape_mode(instance, **kw)
         if not np.isfinite(curve[i]).all():
             continue
-        psi = float(mode.left_b @ b0[i, :, 0] + mode.left_z @ a0[i, 0, : k + 1])
+        psi = float(mode.left_b @ b0[i, :, 0] + mode.left_z @ a0[i, 0, :t])
         var = kick_variance(instance, mode, noise, **kw) if mode.rate > 0 else 0.0
         ratio = np.abs(1.0 + math.sqrt(var) * x / max(abs(psi), 1e-300))
         shift = np.log(np.maximum(ratio, 1e-300)) / mode.rate if var > 0 else np.zeros(1)
