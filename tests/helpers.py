@@ -189,3 +189,34 @@ def ks_last_two(full, red, names) -> dict:
             ps.append(ks_2samp(x[np.isfinite(x)], y[np.isfinite(y)]).pvalue)
         out[name] = min(ps)
     return out
+
+
+def excursion_hessian(loss_of_delta, k: int, width: int, h: float) -> np.ndarray:
+    """(k, k) central finite-difference Hessian of ``loss_of_delta(Δ)`` in the rows' excursions
+    εⱼ along one direction out of the span (Δ (k, width) zero but its last column ε): the
+    truth for the escape's rest Hessian M (``hermite.flows.lora_ba_escape.rest_hessian``)."""
+    def loss(eps):
+        delta = np.zeros((k, width))
+        delta[:, -1] = eps
+        return float(loss_of_delta(delta))
+
+    num = np.empty((k, k))
+    for i in range(k):
+        for j in range(k):
+            e_i, e_j = h * np.eye(k)[i], h * np.eye(k)[j]
+            num[i, j] = (loss(e_i + e_j) - loss(e_i - e_j) - loss(-e_i + e_j)
+                         + loss(-e_i - e_j)) / (4 * h * h)
+    return num
+
+
+def ba_step_inputs(learner, dims: tuple, seed: int, scale_b: float = 0.4):
+    """(b₀ (2, k, r), a₀ (2, r, d), x (2, b, d), ε (2, b), state) of two lora-ba runs for
+    a one-step check: B, A, the batch and its label noise drawn from ``seed``; ``dims`` =
+    (k, r, d, b)."""
+    k, r, d, batch = dims
+    gen = np.random.default_rng(seed)
+    b0 = scale_b * gen.standard_normal((2, k, r))
+    a0 = gen.standard_normal((2, r, d)) / np.sqrt(d)
+    x = gen.standard_normal((2, batch, d))
+    eps = gen.standard_normal((2, batch))
+    return b0, a0, x, eps, learner.init_state(b0, a0)

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers import assert_ba_flow_within, ba_chain_step_example, ks_last_two
+from helpers import assert_ba_flow_within, ba_chain_step_example, ba_step_inputs, ks_last_two
 from scipy.stats import ks_2samp
 
 from dynamics.activations import torch_activation
@@ -146,12 +146,7 @@ def test_full_step_is_autograd_and_numpy(tmp_path, normalize, opts):
                      instance=SPEC | {"activation": act_name}, **opts)
     learner = _learner(config)
     d, r, batch, s = 30, config.options.rank, config.batch, learner.scale
-    gen = np.random.default_rng(3)
-    b0 = 0.4 * gen.standard_normal((2, K, r))
-    a0 = gen.standard_normal((2, r, d)) / math.sqrt(d)
-    x = gen.standard_normal((2, batch, d))
-    eps = gen.standard_normal((2, batch))
-    state = learner.init_state(b0, a0)
+    b0, a0, x, eps, state = ba_step_inputs(learner, (K, r, d, batch), 3)
     xt, et = torch.as_tensor(x, dtype=F64), torch.as_tensor(eps, dtype=F64)
     learner.step_prepared_(state, xt, learner.prepare(state, xt[:, None], et[:, None]), 0)
     w, v = _dense_rows(learner, d)

@@ -19,6 +19,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import excursion_hessian
 
 import dynamics.learners.lora_ba as lora_ba_learner
 from dynamics.engines.engine import simulate
@@ -151,18 +152,7 @@ def test_rest_hessian_is_the_second_derivative_of_the_rows_loss(tmp_path, teache
                   teacher_activation=teacher)
     geo = _learner(cfg).geometry(cfg.run_instances()[0], 0)
     t, h = geo.w.shape[-1], 3e-4  # row 0's norm 0.5: ε̃ = 2ε, so a smaller step than M's
-
-    def loss(eps):
-        delta = np.zeros((K, t + 1))
-        delta[:, -1] = eps
-        return float(rows_loss(geo, delta))
-
-    num = np.empty((K, K))
-    for i in range(K):
-        for j in range(K):
-            e_i, e_j = h * np.eye(K)[i], h * np.eye(K)[j]
-            num[i, j] = (loss(e_i + e_j) - loss(e_i - e_j) - loss(-e_i + e_j)
-                         + loss(-e_i - e_j)) / (4 * h * h)
+    num = excursion_hessian(lambda delta: rows_loss(geo, delta), K, t + 1, h)
     m = rest_hessian(geo)
     np.testing.assert_allclose(m, num, rtol=1e-5, atol=1e-5)
     assert np.abs(m).max() > 0.1

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import test_lora_ba_chain as chain_tests
 import torch
-from helpers import assert_ba_flow_within, dense_rows
+from helpers import assert_ba_flow_within, ba_step_inputs, dense_rows
 from test_lora_ba_chain import KS_P, _config, _ks
 
 from dynamics.engines.engine import simulate
@@ -82,12 +82,7 @@ def test_full_step_is_the_numpy_step_and_autograd(act, teacher, labels, rows):
     else:
         w, v = (np.pad(m[0], ((0, 0), (0, d - learner.rows.t))) for m in
                 (learner.rows.w, learner.rows.v))
-    gen = np.random.default_rng(4)
-    b0 = 0.4 * gen.standard_normal((2, k, rank))
-    a0 = gen.standard_normal((2, rank, d)) / math.sqrt(d)
-    x = gen.standard_normal((2, batch, d))
-    eps = gen.standard_normal((2, batch))
-    state = learner.init_state(b0, a0)
+    b0, a0, x, eps, state = ba_step_inputs(learner, (k, rank, d, batch), 4)
     xt, et = torch.as_tensor(x), torch.as_tensor(eps)
     new = learner.step(state, xt, et)
     opts = dict(act=act, teacher=teacher or act, squared=labels == "y2",

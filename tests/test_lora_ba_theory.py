@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import excursion_hessian
 
 from dynamics.instances.instance import build_instance
 from dynamics.learners import get_learner
@@ -114,19 +115,7 @@ def test_rest_hessian_is_the_second_derivative_of_the_exact_loss():
     εⱼ out of span(W, u) (rows wⱼ + εⱼe, e ⊥ span)."""
     inst = _inst(activation="tanh", xi=1.0, lam="random_sign")
     k = inst.k
-    h = 1e-3
-
-    def loss(eps):
-        delta = np.zeros((k, k + 2))
-        delta[:, -1] = eps
-        return float(true_network_loss(inst, delta))
-
-    num = np.empty((k, k))
-    for i in range(k):
-        for j in range(k):
-            e_i, e_j = h * np.eye(k)[i], h * np.eye(k)[j]
-            num[i, j] = (loss(e_i + e_j) - loss(e_i - e_j) - loss(-e_i + e_j)
-                         + loss(-e_i - e_j)) / (4 * h * h)
+    num = excursion_hessian(lambda delta: true_network_loss(inst, delta), k, k + 2, 1e-3)
     np.testing.assert_allclose(rest_hessian(inst), num, atol=2e-5)
 
 
