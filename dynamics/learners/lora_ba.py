@@ -43,7 +43,7 @@ the loss is exact and the flow drawn: labels y through the cross kernel E[σ*(z�
 (``hermite.flows.lora_ba.cross_kernel``), labels y2 through the three-field integrals
 E[σ*σ*σ] and E[f*⁴] (``hermite.flows.lora_ba_squared``); on rows as they are, labels y2 and
 σ* ≠ σ have no flow (NaN, a ``no_theory`` attribute) and the loss is a Monte Carlo average on
-a fixed set (:func:`monte_carlo_loss`). The finite-η·d line: normalised rows with labels y
+a fixed set (:func:`monte_carlo_loss`). The finite-η·d line: normalised rows, labels y or y2
 (the paper's or given rows, any σ*). All options at their defaults: the paper's teacher,
 number for number.
 """
@@ -483,18 +483,19 @@ class LoRABA(Learner):
         """(overlap (R, C), attributes) of the finite-η·d flow (``hermite.flows.lora_ba``'s
         ``corrected_flow``; rank 1: ``lora_ba_escape.kicked_overlap``, the mean over B's noise
         kick at the escape) of each run's :meth:`geometry` (given rows: t = dim span(W, W*)
-        for k + 1; a σ* enters the labels only) from the first ``CORRECTED_RUNS`` runs'
-        starts (NaN in the others); None where ``finite_d_theory`` is off, A frozen, labels
-        y2 (the escape's rest Hessian M is not written for f*²), rows as they are (gⱼ = δⱼ,
-        Nⱼ = 1: neither E[ggᵀ] nor M is written for rows of any norm), or d ≤ t + r."""
+        for k + 1; a σ* enters the labels only; labels y2: y = f*² in E[ggᵀ], M's teacher
+        term through the three-field integrals' first derivatives, ``lora_ba_squared``) from
+        the first ``CORRECTED_RUNS`` runs' starts (NaN in the others); None where
+        ``finite_d_theory`` is off, A frozen, rows as they are (gⱼ = δⱼ, Nⱼ = 1: neither
+        E[ggᵀ] nor M is written for rows of any norm), or d ≤ t + r."""
         from hermite.flows.lora_ba import BANoise, corrected_flow
         from hermite.flows.lora_ba_escape import kicked_overlap
 
         config, rec, insts = result.config, result.records, result.instances
         runs, cps = len(insts), result.steps.size
         t = self.k + 1 if self.rows is None else self.rows.t
-        if (not config.finite_d_theory or not self.train_a or self.squared
-                or not self.normalize or insts[0].d <= t + self.rank):
+        if (not config.finite_d_theory or not self.train_a or not self.normalize
+                or insts[0].d <= t + self.rank):
             return None
         noise = BANoise(float(config.eta), int(insts[0].d), int(config.batch),
                         float(config.label_noise))

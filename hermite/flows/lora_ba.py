@@ -70,7 +70,7 @@ P₂ = E[aσ′(a)σ(b)], J₂ = E[σ′(a)σ′(b)] (``hermite.committee.Commit
 Z (A's coordinates in span(W, W*)) and A's Gram are again the order parameters: ∂F/∂H's rows
 lie in span(W, W*) ⊕ rows(A). The finite-η·d flow carries over to normalised rows (any σ*,
 labels y or y²): their chain is (BA4) with t = dim span(W, W*) for k + 1, so n = d − t − r
-and E[ggᵀ] of their rows (``hermite.flows.lora_ba_escape`` for the escape, labels y);
+and E[ggᵀ] of their rows (``hermite.flows.lora_ba_escape`` for the escape, labels y or y²);
 rows as they are have none (g = δ: neither (N)'s moment nor the escape's M is written
 for them).
 

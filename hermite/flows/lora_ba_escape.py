@@ -62,9 +62,17 @@ span(W, W*) and everything above holds with t for k + 1. G = ∂F/∂H at H = W 
 as written (the rows' norms ω, ρ⁰ and κ⁰ = ⟨vᵢ, ŵⱼ⟩ of the unit teacher rows; a teacher σ* ≠ σ
 changes only the teacher's sum: K×′ = E[σ*′σ′] for K′ in Σᵢλᵢκ⁰ᵢⱼK′(κ⁰ᵢⱼ), since V enters F
 only through λᵀK×(VĤᵀ)λ), E₀[ggᵀ] of the rows at H = W, A₀'s mean rest 1 − t/d, and the
-overlap read along the given direction u (``direction``). Labels y² (M's teacher term would
-need the three-field integrals' derivative) and rows as they are (Nⱼ = 1: the expansion of
-⟨ĥᵢ, ĥⱼ⟩ above does not apply) have none. Torch-free.
+overlap read along the given direction u (``direction``). Rows as they are (Nⱼ = 1: the
+expansion of ⟨ĥᵢ, ĥⱼ⟩ above does not apply) have none.
+
+Labels y² (``BARowsGeometry.squared``; ``hermite.flows.lora_ba_squared``): the teacher's term
+is −2Σⱼλⱼ Σᵢᵢ′ λᵢλᵢ′ T(ρ*ᵢᵢ′, κᵢⱼ, κᵢ′ⱼ), and since κᵢⱼ = κ⁰ᵢⱼ(1 − ε̃ⱼ²/2) moves at second
+order only, it moves by T's first derivatives (Price: ∂T/∂κᵢ = E[σ*′σ*σ′]) only, so (M) holds
+with the teacher's sum
+
+    Σᵢ λᵢK′(κ⁰ᵢⱼ)κ⁰ᵢⱼ → Σᵢᵢ′ λᵢλᵢ′ (∂T/∂κᵢ κ⁰ᵢⱼ + ∂T/∂κᵢ′ κ⁰ᵢ′ⱼ) = ⟨∂C/∂ĥⱼ, ŵⱼ⟩          (M2)
+
+(``squared_rest_teacher``); G, E₀[ggᵀ] (y = f*²) and the rest as written. Torch-free.
 """
 
 from __future__ import annotations
@@ -85,6 +93,7 @@ from hermite.flows.lora_ba import (
     gradient_covariance,
     row_gradient,
 )
+from hermite.flows.lora_ba_squared import squared_rest_teacher
 
 __all__ = ["rest_hessian", "saddle_matrix", "EscapeMode", "escape_mode", "kick_variance",
            "EscapeTime", "escape_time", "passage_time", "kicked_overlap"]
@@ -95,17 +104,17 @@ TIME_POINTS = 4001  # grid of the flow's first passage (linear interpolation bet
 
 
 def _escape_geometry(instance):
-    """The rows of an instance or a normalised ``BARowsGeometry`` with labels y (module
+    """The rows of an instance or a normalised ``BARowsGeometry`` (labels y or y²; module
     docstring); ValueError otherwise."""
     geo = _geo(instance)
-    if not getattr(geo, "normalize", True) or getattr(geo, "squared", False):
-        raise ValueError("the escape's theory needs normalised rows and labels y")
+    if not getattr(geo, "normalize", True):
+        raise ValueError("the escape's theory needs normalised rows")
     return geo
 
 
 def rest_hessian(instance) -> np.ndarray:
     """M (k, k), eq. (M): the Hessian of F in the rows' excursions out of span(W, u) (given
-    rows: span(W, W*); σ* ≠ σ: K×′ in the teacher's sum)."""
+    rows: span(W, W*); σ* ≠ σ: K×′ in the teacher's sum; labels y²: eq. (M2))."""
     geo = _escape_geometry(instance)
     omega = np.linalg.norm(geo.w, axis=-1)
     wh = geo.w / omega[:, None]
@@ -113,10 +122,13 @@ def rest_hessian(instance) -> np.ndarray:
     kap = np.clip(geo.v @ wh.T, -1.0, 1.0)  # κ⁰ᵢⱼ = ⟨vᵢ, ŵⱼ⟩
     lam = geo.lam
     ks = lam[:, None] * lam[None, :] * dual_kernel_derivative(geo.act, rho)
-    kc = lam[:, None] * lam[None, :] * _teacher_kernel(geo, kap)
+    if getattr(geo, "squared", False):  # labels f*²: eq. (M2)
+        teach = squared_rest_teacher(geo, wh)
+    else:
+        teach = (lam[:, None] * lam[None, :] * _teacher_kernel(geo, kap) * kap).sum(0)
     m = 2.0 * ks
     np.fill_diagonal(m, 0.0)
-    diag = 2.0 * ((kc * kap).sum(0) - (ks * rho).sum(0) + np.diag(ks) * np.diag(rho))
+    diag = 2.0 * (teach - (ks * rho).sum(0) + np.diag(ks) * np.diag(rho))
     m[np.diag_indices_from(m)] = diag
     return m / np.outer(omega, omega)
 

@@ -8,7 +8,9 @@ rows), x ~ N(0, I). The population loss (no 1/2, without the label noise's const
 Tᵢᵢ′(ĥ) = T(ρ*ᵢᵢ′, κᵢ, κᵢ′) = E[σ*(z₁)σ*(z₂)σ(z₃)] with corr(z₁, z₂) = ρ*ᵢᵢ′ = ⟨vᵢ, vᵢ′⟩,
 corr(z₁, z₃) = κᵢ = ⟨vᵢ, ĥ⟩, corr(z₂, z₃) = κᵢ′. By Price's theorem ∂T/∂κᵢ =
 E[σ*′(z₁)σ*(z₂)σ′(z₃)], so the teacher's sum in ∂F/∂ĥⱼ (``lora_ba.row_gradient``, which takes
-it through the unit rows) is −2λⱼ Σᵢᵢ′ λᵢλᵢ′ (∂T/∂κᵢ vᵢ + ∂T/∂κᵢ′ vᵢ′).
+it through the unit rows) is −2λⱼ Σᵢᵢ′ λᵢλᵢ′ (∂T/∂κᵢ vᵢ + ∂T/∂κᵢ′ vᵢ′). The escape's rest
+Hessian (``hermite.flows.lora_ba_escape``, eq. (M2)) needs only ⟨that sum, ŵⱼ⟩ at the base
+rows (:func:`squared_rest_teacher`): out of the span κ moves at second order.
 
 A pair i ≠ i′ (ρ*ᵢᵢ′ = cos θ*, |ρ*| < 1). In the plane of vᵢ, vᵢ′ (orthonormal e₁ = vᵢ, e₂;
 vᵢ at angle 0, vᵢ′ at θ*) write ĥ's projection p = cos θ e_φ, φ ∈ [0, π), θ ∈ [0, π] (θ > π/2:
@@ -52,7 +54,8 @@ from hermite.expansion._pair_quadrature import _gl_nodes, pair_expectation
 from hermite.expansion.kernels import dual_kernel
 
 __all__ = ["PairTable", "pair_table", "squared_cross", "squared_teacher_gradient",
-           "squared_loss", "fourth_moment", "PHI_DEGREE", "THETA_DEGREE", "FOURTH_SAMPLES"]
+           "squared_rest_teacher", "squared_loss", "fourth_moment", "PHI_DEGREE",
+           "THETA_DEGREE", "FOURTH_SAMPLES"]
 
 PHI_DEGREE, THETA_DEGREE = 64, 64  # Chebyshev degrees of a pair's table (per φ-panel)
 TAIL, PANELS, GRADE = 10.0, 10, 14  # quadrature window [−TAIL, TAIL], its panels, 2^−GRADE
@@ -268,6 +271,15 @@ def squared_teacher_gradient(geo, hh: np.ndarray) -> np.ndarray:
     for weight, _, grad in _pair_terms(geo, hh):
         out += weight * grad
     return geo.lam[:, None] * out
+
+
+def squared_rest_teacher(geo, wh: np.ndarray) -> np.ndarray:
+    """(k,) the teacher's sum in the rest Hessian's diagonal M̃ⱼⱼ/2 for labels y²
+    (``hermite.flows.lora_ba_escape``, eq. (M)) at the unit base rows wh (k, t): out of the span
+    κᵢⱼ = κ⁰ᵢⱼ(1 − ε̃ⱼ²/2) to second order, so −2λⱼC(ĥⱼ) moves by first derivatives of T only,
+    λⱼ ε̃ⱼ² Σᵢᵢ′ λᵢλᵢ′(∂T/∂κᵢ κ⁰ᵢⱼ + ∂T/∂κᵢ′ κ⁰ᵢ′ⱼ) = ε̃ⱼ² ⟨λⱼ∂C/∂ĥⱼ, ŵⱼ⟩: this ⟨·, ŵⱼ⟩ (the
+    labels-y analogue is Σᵢ λᵢλⱼK′(κ⁰ᵢⱼ)κ⁰ᵢⱼ)."""
+    return (squared_teacher_gradient(geo, wh) * wh).sum(-1)
 
 
 _FOURTH: dict = {}
