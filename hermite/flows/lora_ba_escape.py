@@ -248,6 +248,7 @@ def escape_time(instance, noise: BANoise, *, level: float = 0.9, scale: float = 
 
 KICK_NODES = 256  # equal-probability nodes of the kick ζ in :func:`kicked_overlap`
 FINE_POINTS = 801  # the corrected flow's grid of τ, interpolated at the shifted times
+EXTEND = 1.0  # the flow runs past the last time by the largest shift, at most this × that time
 
 
 def kicked_overlap(instance, b0, a0, times, noise: BANoise, *, scale: float = 1.0,
@@ -266,24 +267,32 @@ def kicked_overlap(instance, b0, a0, times, noise: BANoise, *, scale: float = 1.
     if r != 1:
         raise ValueError(f"the kicked overlap is rank 1's (here r = {r})")
     times = np.asarray(times, float)
-    fine = np.union1d(times, np.linspace(0.0, float(times.max(initial=0.0)), FINE_POINTS))
+    x = scipy.special.ndtri((np.arange(nodes) + 0.5) / nodes)
+    shifts = []  # each run's time shifts ln|1 + ζ/ψ₀|/λ₊ at the nodes of ζ
+    for i in range(n):
+        rest = float(a0[i, 0, t:] @ a0[i, 0, t:])
+        kw = dict(scale=scale, lr_ratio=lr_ratio, rest=rest)
+        mode = escape_mode(instance, **kw)
+        psi = float(mode.left_b @ b0[i, :, 0] + mode.left_z @ a0[i, 0, :t])
+        var = kick_variance(instance, mode, noise, **kw) if mode.rate > 0 else 0.0
+        ratio = np.abs(1.0 + math.sqrt(var) * x / max(abs(psi), 1e-300))
+        shifts.append(np.log(np.maximum(ratio, 1e-300)) / mode.rate if var > 0
+                      else np.zeros(1))
+    # the flow is read up to the last time plus the largest shift (at most EXTEND × the last
+    # time more; beyond it the curve holds its last value)
+    end = float(times.max(initial=0.0))
+    reach = min(max(0.0, max(float(s.max()) for s in shifts)), EXTEND * end)
+    fine = np.union1d(times, np.linspace(0.0, end + reach,
+                                         int(FINE_POINTS * (1.0 + reach / max(end, 1e-300)))))
     out = corrected_flow(instance, b0, a0, fine, noise, scale=scale, lr_ratio=lr_ratio)
     row = out.a[:, :, 0]  # (n, F, D): A's row (v₁ of the rank-1 B·A where B ≠ 0)
     u = _direction(instance, direction, row.shape[-1])
     with np.errstate(invalid="ignore", divide="ignore"):
         curve = np.abs(row @ u) / np.linalg.norm(row, axis=-1)
     curve = np.where(np.linalg.norm(out.b[..., 0], axis=-1) > 0, curve, 0.0)
-    x = scipy.special.ndtri((np.arange(nodes) + 0.5) / nodes)
     res = np.full((n, times.size), np.nan)
-    for i in range(n):
-        rest = float(a0[i, 0, t:] @ a0[i, 0, t:])
-        kw = dict(scale=scale, lr_ratio=lr_ratio, rest=rest)
-        mode = escape_mode(instance, **kw)
-        if not np.isfinite(curve[i]).all():
-            continue
-        psi = float(mode.left_b @ b0[i, :, 0] + mode.left_z @ a0[i, 0, :t])
-        var = kick_variance(instance, mode, noise, **kw) if mode.rate > 0 else 0.0
-        ratio = np.abs(1.0 + math.sqrt(var) * x / max(abs(psi), 1e-300))
-        shift = np.log(np.maximum(ratio, 1e-300)) / mode.rate if var > 0 else np.zeros(1)
-        res[i] = np.interp(times[:, None] + shift[None, :], fine, curve[i], left=0.0).mean(1)
+    for i, shift in enumerate(shifts):
+        if np.isfinite(curve[i]).all():
+            res[i] = np.interp(times[:, None] + shift[None, :], fine, curve[i],
+                               left=0.0).mean(1)
     return res
