@@ -220,3 +220,22 @@ def ba_step_inputs(learner, dims: tuple, seed: int, scale_b: float = 0.4):
     x = gen.standard_normal((2, batch, d))
     eps = gen.standard_normal((2, batch))
     return b0, a0, x, eps, learner.init_state(b0, a0)
+
+
+def assert_corrected_beats_plain(traj, factor: float) -> dict:
+    """The finite-η·d line ``ode_corrected`` within max(4 SE, 0.03) of the runs' mean overlap
+    at every checkpoint after the start (SE of the paired difference), the plain ``ode`` not,
+    and the corrected line's largest mean gap ≤ ``factor`` × the plain one's; returns
+    {line: (largest |mean gap|, within)}."""
+    assert traj.engine == "reduced" and (traj.diverged_step == -1).all()
+    x = np.nan_to_num(traj.overlap[:, 1:])
+    gaps = {}
+    for name in ("ode", "ode_corrected"):
+        line = getattr(traj, name)[:, 1:]
+        assert np.isfinite(line).all()
+        diff = x - line
+        mean, se = diff.mean(0), diff.std(0, ddof=1) / np.sqrt(diff.shape[0])
+        gaps[name] = (np.abs(mean).max(), (np.abs(mean) <= np.maximum(4 * se, 0.03)).all())
+    assert gaps["ode_corrected"][1] and not gaps["ode"][1], gaps
+    assert gaps["ode_corrected"][0] <= factor * gaps["ode"][0], gaps
+    return gaps
