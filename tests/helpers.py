@@ -239,3 +239,21 @@ def assert_corrected_beats_plain(traj, factor: float) -> dict:
     assert gaps["ode_corrected"][1] and not gaps["ode"][1], gaps
     assert gaps["ode_corrected"][0] <= factor * gaps["ode"][0], gaps
     return gaps
+
+
+def saddle_jacobian(geo, dims: tuple, scale: float, ratio: float, rest: float,
+                    h: float = 1e-6) -> np.ndarray:
+    """((k + t), (k + t)) central-difference Jacobian of the lora-ba population flow
+    (dB/dτ = −ratio·∂F/∂B, dZ/dτ = −∂F/∂Z) at B = 0, Z = 0, rank 1, A's rest √rest: the truth
+    for the escape's saddle matrix L (``hermite.flows.lora_ba_escape.saddle_matrix``);
+    ``dims`` = (k, t)."""
+    from hermite.flows.lora_ba import lora_ba_gradient
+
+    k, t = dims
+
+    def rhs(y):
+        a = np.concatenate([y[k:], [np.sqrt(rest)]])[None]
+        gb, ga = lora_ba_gradient(geo, y[:k].reshape(k, 1), a, scale)
+        return np.concatenate([-ratio * gb[:, 0], -ga[0, :t]])
+
+    return np.stack([(rhs(h * e) - rhs(-h * e)) / (2 * h) for e in np.eye(k + t)], 1)

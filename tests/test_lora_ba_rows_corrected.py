@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import assert_corrected_beats_plain, excursion_hessian
+from helpers import assert_corrected_beats_plain, excursion_hessian, saddle_jacobian
 
 import dynamics.learners.lora_ba as lora_ba_learner
 from dynamics.engines.engine import simulate
@@ -32,7 +32,6 @@ from hermite.flows.lora_ba import (
     corrected_flow,
     gradient_covariance,
     lora_ba_flow,
-    lora_ba_gradient,
     rest_noise,
     rows_loss,
 )
@@ -163,14 +162,8 @@ def test_escape_rate_is_the_rows_flow_linearised(tmp_path):
     at B = 0, Z = 0 (rank 1, A's rest √0.8, s = 0.7, ρ_B = 2); λ₊ its largest eigenvalue."""
     cfg = _config(30, _target(tmp_path, 30, 2))
     geo = _learner(cfg).geometry(cfg.run_instances()[0], 0)
-    t, h, rest, scale, ratio = geo.w.shape[-1], 1e-6, 0.8, 0.7, 2.0
-
-    def rhs(y):
-        a = np.concatenate([y[K:], [math.sqrt(rest)]])[None]
-        gb, ga = lora_ba_gradient(geo, y[:K].reshape(K, 1), a, scale)
-        return np.concatenate([-ratio * gb[:, 0], -ga[0, :t]])
-
-    jac = np.stack([(rhs(h * e) - rhs(-h * e)) / (2 * h) for e in np.eye(K + t)], 1)
+    t, rest, scale, ratio = geo.w.shape[-1], 0.8, 0.7, 2.0
+    jac = saddle_jacobian(geo, (K, t), scale, ratio, rest)
     kw = dict(scale=scale, lr_ratio=ratio, rest=rest)
     np.testing.assert_allclose(saddle_matrix(geo, **kw), jac, atol=1e-6)
     rate = escape_mode(geo, **kw).rate

@@ -9,18 +9,16 @@ the mean of 256 exact-chain runs (rank 1 and rank 2), where the plain ``ode`` is
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from helpers import assert_corrected_beats_plain, excursion_hessian
+from helpers import assert_corrected_beats_plain, excursion_hessian, saddle_jacobian
 from test_lora_ba_squared import DRAWN, _case
 from test_lora_ba_teacher import SPEC
 
 import dynamics.learners.lora_ba as lora_ba_learner
 from dynamics.engines.engine import simulate
 from dynamics.setup.config import RunConfig
-from hermite.flows.lora_ba import lora_ba_gradient, rows_loss
+from hermite.flows.lora_ba import rows_loss
 from hermite.flows.lora_ba_escape import escape_mode, rest_hessian, saddle_matrix
 from hermite.flows.lora_ba_squared import squared_rest_teacher
 
@@ -56,14 +54,8 @@ def test_escape_rate_is_the_y2_flow_linearised():
     their population flow at B = 0, Z = 0 (rank 1, A's rest √0.8, s = 0.7, ρ_B = 2)."""
     geo = _geometry("relu-tanh-drawn")
     k, t = geo.w.shape
-    h, rest, scale, ratio = 1e-6, 0.8, 0.7, 2.0
-
-    def rhs(y):
-        a = np.concatenate([y[k:], [math.sqrt(rest)]])[None]
-        gb, ga = lora_ba_gradient(geo, y[:k].reshape(k, 1), a, scale)
-        return np.concatenate([-ratio * gb[:, 0], -ga[0, :t]])
-
-    jac = np.stack([(rhs(h * e) - rhs(-h * e)) / (2 * h) for e in np.eye(k + t)], 1)
+    rest, scale, ratio = 0.8, 0.7, 2.0
+    jac = saddle_jacobian(geo, (k, t), scale, ratio, rest)
     kw = dict(scale=scale, lr_ratio=ratio, rest=rest)
     np.testing.assert_allclose(saddle_matrix(geo, **kw), jac, atol=1e-5 * np.abs(jac).max())
     rate = escape_mode(geo, **kw).rate

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import excursion_hessian
+from helpers import excursion_hessian, saddle_jacobian
 
 from dynamics.instances.instance import build_instance
 from dynamics.learners import get_learner
@@ -25,7 +25,6 @@ from hermite.flows.lora_ba import (
     corrected_flow,
     gradient_covariance,
     lora_ba_flow,
-    lora_ba_gradient,
     rest_noise,
 )
 from hermite.flows.lora_ba_escape import escape_mode, escape_time, rest_hessian, saddle_matrix
@@ -125,15 +124,7 @@ def test_escape_rate_is_the_flow_linearised_by_finite_differences(scale, ratio, 
     (rank 1, A's rest √rest); λ₊ its largest eigenvalue."""
     inst = _inst()
     k, t = inst.k, inst.k + 1
-    h = 1e-6
-
-    def rhs(y):
-        b = y[:k].reshape(k, 1)
-        a = np.concatenate([y[k:], [math.sqrt(rest)]])[None]
-        gb, ga = lora_ba_gradient(inst, b, a, scale)
-        return np.concatenate([-ratio * gb[:, 0], -ga[0, :t]])
-
-    jac = np.stack([(rhs(h * e) - rhs(-h * e)) / (2 * h) for e in np.eye(k + t)], 1)
+    jac = saddle_jacobian(inst, (k, t), scale, ratio, rest)
     mat = saddle_matrix(inst, scale=scale, lr_ratio=ratio, rest=rest)
     np.testing.assert_allclose(mat, jac, atol=1e-6)
     rate = escape_mode(inst, scale=scale, lr_ratio=ratio, rest=rest).rate
