@@ -93,7 +93,6 @@ Torch-free; instances duck-typed as ``hermite.flows.linearized``'s.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -103,6 +102,7 @@ import scipy.special
 import scipy.stats
 
 from hermite._activation import resolve_activation
+from hermite._quadrature import sobol_normals
 from hermite.expansion._chebyshev import ChebyshevInTheta
 from hermite.expansion._pair_quadrature import pair_expectation
 from hermite.expansion.kernels import dual_kernel, dual_kernel_derivative
@@ -308,12 +308,9 @@ class BANoise:
 
 @lru_cache(maxsize=8)
 def _normals(dim: int, samples: int, seed: int) -> np.ndarray:
-    """(samples, dim) N(0, 1) points: one scrambled Sobol′ set mapped by Φ⁻¹ (read-only)."""
-    m = int(round(math.log2(samples)))
-    if 2**m != samples:
-        raise ValueError(f"samples must be a power of 2, got {samples}")
-    sob = scipy.stats.qmc.Sobol(d=dim, scramble=True, seed=np.random.default_rng([seed, dim]))
-    x = scipy.special.ndtri(np.clip(sob.random_base2(m), 1e-300, 1.0 - 2.0**-53))
+    """:func:`hermite._quadrature.sobol_normals`, cached and read-only (E[g gᵀ]'s points,
+    shared by every state)."""
+    x = sobol_normals(dim, samples, seed)
     x.setflags(write=False)
     return x
 

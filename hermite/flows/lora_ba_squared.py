@@ -48,7 +48,7 @@ import scipy.special
 import scipy.stats
 
 from hermite._activation import resolve_activation
-from hermite._quadrature import gauss_hermite
+from hermite._quadrature import gauss_hermite, sobol_normals
 from hermite.expansion._chebyshev import ChebyshevInTheta
 from hermite.expansion._pair_quadrature import _gl_nodes, pair_expectation
 from hermite.expansion.kernels import dual_kernel
@@ -295,10 +295,7 @@ def _normals(star, dim: int) -> tuple[np.ndarray, np.ndarray]:
         grid = np.stack(np.meshgrid(*[x] * dim, indexing="ij"), -1).reshape(-1, dim)
         weight = np.prod(np.stack(np.meshgrid(*[w] * dim, indexing="ij"), -1), -1).ravel()
         return grid, weight
-    m = int(round(math.log2(FOURTH_SAMPLES)))
-    sob = scipy.stats.qmc.Sobol(d=dim, scramble=True, seed=np.random.default_rng([FOURTH_SEED,
-                                                                                   dim]))
-    g = scipy.special.ndtri(np.clip(sob.random_base2(m), 1e-300, 1.0 - 2.0**-53))
+    g = sobol_normals(dim, FOURTH_SAMPLES, FOURTH_SEED)
     return g, np.full(len(g), 1.0 / len(g))
 
 
