@@ -33,13 +33,17 @@ import argparse
 import dataclasses
 import json
 import math
+import os
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 import dynamics.overlays.finetune as finetune_overlay
-from dynamics.engines.engine import simulate
+from dynamics.engines.engine import advance_chain, interruptible, start
 from dynamics.overlays.audit import LINES, array_of, audit_trajectory, fmt_value, not_drawn
 from dynamics.randomness.sampling import resolve_device
 from sims.experiments.figures import FIGURES
@@ -146,11 +150,40 @@ def starts_of(traj, name: str) -> int:
     return int(np.isfinite(theory).any(axis=1).sum())
 
 
-def audit_regime(name: str, config) -> dict:
-    """Run ``config`` and audit its every line; the JSON record of the regime."""
+@contextmanager
+def _stop_after(seconds: float | None):
+    """SIGINT to this process after ``seconds`` (None: never): inside
+    :func:`~dynamics.engines.engine.interruptible` the chain then stops at the end of its
+    segment, at the checkpoints reached."""
+    timer = None
+    if seconds is not None:
+        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def audit_regime(name: str, config, chain_seconds: float | None = None) -> dict:
+    """Run ``config`` and audit its every line; the JSON record of the regime. The chain
+    (with a progress line on stderr every ``LORADYN_PROGRESS_INTERVAL`` s) and the theory lines
+    are timed apart; ``chain_seconds``: stop the chain after that long, at the checkpoints
+    reached, and audit those (the record's ``reached_step`` says where)."""
     t0 = time.perf_counter()
-    traj = simulate(config)
-    seconds = time.perf_counter() - t0
+    runner = start(config)
+    with interruptible(keep=True), _stop_after(chain_seconds):
+        advance_chain(runner, progress=True)
+    t1 = time.perf_counter()
+    traj = runner.trajectory()
+    t2 = time.perf_counter()
+    seconds = t2 - t0
+    reached = int(np.asarray(traj.steps)[-1]) if len(traj.steps) else 0
+    print(f"{name}: chain {t1 - t0:.0f} s to step {reached} of {config.steps} "
+          f"({config.runs * reached / max(t1 - t0, 1e-9):.3g} run-steps/s), theory lines "
+          f"{t2 - t1:.0f} s", flush=True)
     audits = audit_trajectory(traj)
     hidden = not_drawn(audits)
     inst = config.instance
@@ -163,7 +196,8 @@ def audit_regime(name: str, config) -> dict:
     return {"regime": name, "figure": REGIMES[name].figure, "what": REGIMES[name].what,
             "d": inst["d"], "k": inst["k"], "xi": inst.get("xi", 1.0),
             "activation": inst["activation"], "eta_times_d": config.eta * inst["d"],
-            "steps": config.steps, "runs": config.runs, "seconds": seconds,
+            "steps": config.steps, "reached_step": reached, "runs": config.runs,
+            "seconds": seconds, "chain_seconds": t1 - t0, "lines_seconds": t2 - t1,
             "instance_seeds": config.instance_seeds,
             "estimate": estimate(config), "lines": rows, "unaudited": missing}
 
@@ -173,7 +207,11 @@ def markdown(record: dict) -> list[str]:
     head = (f"#### {record['regime']} ({record['what']}): d = {record['d']}, k = "
             f"{record['k']}, ξ = {record['xi']:.4g}, η·d = {record['eta_times_d']:.4g}, "
             f"{record['steps']} steps, {record['runs']} runs, instance seeds "
-            f"{record['instance_seeds']} ({record['seconds']:.0f} s)")
+            f"{record['instance_seeds']} ({record['seconds']:.0f} s: chain "
+            f"{record['chain_seconds']:.0f} s, lines {record['lines_seconds']:.0f} s)")
+    if record["reached_step"] < record["steps"]:
+        head += (f" — **the chain stopped at step {record['reached_step']} of "
+                 f"{record['steps']}** (`--chain-seconds`): audited up to there")
     out = [head, "",
            "| theory line | vs | max \\|Δ\\| | at step | max \\|Δ\\|/SE | passage ratio | "
            "starts | runs | tolerance |", "|---|---|---|---|---|---|---|---|---|"]
@@ -209,6 +247,9 @@ def main(argv=None) -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the chain runs (cuda: numba-cuda, ≈ 1.2·10⁸ run-steps/s on "
                          "one H200; the theory lines stay on the CPU)")
+    ap.add_argument("--chain-seconds", type=float, default=None,
+                    help="stop each chain after this many seconds, at the checkpoints reached, "
+                         "and audit those (so that a time limit still leaves a record)")
     ap.add_argument("--estimate", action="store_true", help="print the estimate and stop")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None)
@@ -217,6 +258,8 @@ def main(argv=None) -> None:
         finetune_overlay.CORRECTED_BUDGET_S = args.line_budget
         finetune_overlay.FINITE_XI_BUDGET_S = args.line_budget
     names = [n.strip() for n in args.regimes.split(",") if n.strip()]
+    if args.chain_seconds is not None and not args.chain_seconds > 0:
+        ap.error(f"--chain-seconds must be > 0, got {args.chain_seconds:g}")
     try:
         configs = {n: regime_config(n, args.quick, args.runs, args.d_mult, args.horizon,
                                     args.seed, args.shared_instance) for n in names}
@@ -235,9 +278,9 @@ def main(argv=None) -> None:
         return
     records, lines = [], []
     for n, cfg in configs.items():
-        rec = audit_regime(n, cfg) | {"quick": args.quick, "d_mult": args.d_mult,
-                                      "horizon": args.horizon,
-                                      "line_budget": args.line_budget}
+        rec = audit_regime(n, cfg, args.chain_seconds) | {
+            "quick": args.quick, "d_mult": args.d_mult, "horizon": args.horizon,
+            "line_budget": args.line_budget, "device": args.device}
         records.append(rec)
         table = markdown(rec)
         print("\n".join(table) + "\n", flush=True)

@@ -23,3 +23,55 @@ def test_the_audit_script_refuses_cuda_without_cuda_in_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("device 'cuda' was requested but CUDA is not available "
                             "(use --device cpu or auto)")
+
+
+def _script():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "chain_audit.py"
+    return runpy.run_path(str(path), run_name="chain_audit")
+
+
+def test_a_chain_stopped_by_a_signal_is_audited_up_to_the_checkpoints_it_reached(
+        tmp_path, monkeypatch, capsys):
+    """A signal during the chain (the one ``--chain-seconds`` sends itself; here the engine's
+    test hook sends it after the third segment, whatever the machine's speed) stops the chain
+    at the checkpoints reached: the record says where, and every line is audited over those
+    checkpoints only — the time limit of a long audit still leaves a record."""
+    import json
+
+    from dynamics.engines.engine import TEST_INTERRUPT_ENV
+
+    monkeypatch.setenv(TEST_INTERRUPT_ENV, "3")  # past the first (short, timing) segments
+    out = tmp_path / "audit.json"
+    _script()["main"](["--quick", "--regimes", "fig5", "--runs", "8", "--shared-instance",
+                       "--line-budget", "1", "--json", str(out)])
+    rec = json.loads(out.read_text())[0]
+    assert 0 < rec["reached_step"] < rec["steps"]
+    assert rec["lines"] and all(row["at_step"] <= rec["reached_step"] for row in rec["lines"])
+    assert rec["chain_seconds"] > 0 and rec["lines_seconds"] > 0
+    assert f"stopped at step {rec['reached_step']} of {rec['steps']}" in capsys.readouterr().out
+
+
+def test_the_chain_time_limit_sends_the_stop_signal_inside_interruptible():
+    """``_stop_after(s)`` sends SIGINT after s seconds: inside ``interruptible`` that only sets
+    the flag the chain polls between segments (nothing is raised); None sends nothing."""
+    import signal
+    import time
+
+    from dynamics.engines.engine import interruptible
+
+    stop_after = _script()["_stop_after"]
+    with interruptible(keep=True) as flag, stop_after(0.01):
+        deadline = time.monotonic() + 30.0
+        while flag.signum is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert flag.signum == signal.SIGINT
+    with interruptible(keep=True) as flag, stop_after(None):
+        time.sleep(0.05)
+    assert flag.signum is None
+
+
+def test_the_chain_time_limit_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as exc:
+        _script()["main"](["--quick", "--regimes", "fig5", "--chain-seconds", "0"])
+    assert exc.value.code == 2
+    assert "--chain-seconds must be > 0, got 0" in capsys.readouterr().err

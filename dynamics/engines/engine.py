@@ -64,10 +64,10 @@ from dynamics.setup.config import RunConfig
 
 torch = lazy_import("torch")  # loaded at its first use
 
-__all__ = ["simulate", "simulate_full", "start", "drive_chain", "FullRun", "choose_engine",
-           "initial_directions", "chunk_schedule", "iter_chunk_schedule", "Interruption",
-           "Interrupted", "interruptible", "raise_if_signalled", "interrupt_signal",
-           "TEST_INTERRUPT_ENV"]
+__all__ = ["simulate", "simulate_full", "start", "drive_chain", "advance_chain", "FullRun",
+           "choose_engine", "initial_directions", "chunk_schedule", "iter_chunk_schedule",
+           "Interruption", "Interrupted", "interruptible", "raise_if_signalled",
+           "interrupt_signal", "TEST_INTERRUPT_ENV"]
 
 TEST_INTERRUPT_ENV = "LORADYN_TEST_INTERRUPT_AFTER_CHUNKS"  # test hook (module docstring)
 TEST_SIGNAL_ENV = "LORADYN_TEST_INTERRUPT_SIGNAL"  # INT (default), TERM or KILL
@@ -204,11 +204,19 @@ def start(config, resume: RunState | None = None):
 
 
 def drive_chain(chain, progress: bool = False, checkpointer=None) -> Trajectory:
+    """Advance a :class:`~dynamics.reduced.segments.ChainRun` to its horizon
+    (:func:`advance_chain`) and return its Trajectory (the checkpoints reached: all of them,
+    or those before a signal stopped it)."""
+    advance_chain(chain, progress, checkpointer)
+    return chain.trajectory()
+
+
+def advance_chain(chain, progress: bool = False, checkpointer=None) -> None:
     """Advance a :class:`~dynamics.reduced.segments.ChainRun` to its horizon in segments
     (its ``drive``: :func:`dynamics.reduced.segments.run_to_end`): a progress line, the test
     hook, the resume file when due (``checkpointer``) and the interruption flag between two
-    segments; stopped by a signal, the trajectory of the checkpoints reached
-    (``Interruption.step`` set) and a resume file. Returns the chain's Trajectory."""
+    segments; stopped by a signal at the checkpoints reached (``Interruption.step`` set), with
+    a resume file. The theory lines are not drawn here (``chain.trajectory()`` draws them)."""
     hooked = TEST_INTERRUPT_ENV in os.environ  # test hook (module docstring)
 
     def after_segment(run) -> bool:
@@ -227,7 +235,6 @@ def drive_chain(chain, progress: bool = False, checkpointer=None) -> Trajectory:
 
     chain.drive(progress=progress, after_segment=after_segment,
                 before=_test_hook if hooked else None)
-    return chain.trajectory()
 
 
 class _Records:
