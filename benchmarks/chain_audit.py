@@ -44,7 +44,14 @@ import numpy as np
 
 import dynamics.overlays.finetune as finetune_overlay
 from dynamics.engines.engine import advance_chain, interruptible, start
-from dynamics.overlays.audit import LINES, array_of, audit_trajectory, fmt_value, not_drawn
+from dynamics.overlays.audit import (
+    LINES,
+    array_of,
+    audit_line,
+    audit_trajectory,
+    fmt_value,
+    not_drawn,
+)
 from dynamics.randomness.sampling import resolve_device
 from sims.experiments.figures import FIGURES
 from sims.experiments.sweep_spec import parse_sweep
@@ -141,11 +148,8 @@ def estimate(config) -> dict:
     return {"run_steps": config.runs * config.steps, "chain_s": chain, "lines_max_s": lines}
 
 
-def starts_of(traj, name: str) -> int:
-    """The runs whose line ``name`` has a finite value (the starts it was drawn from)."""
-    theory = array_of(traj, name)
-    if theory is None:
-        return 0
+def finite_rows(theory) -> int:
+    """The runs whose theory line has a finite value (the starts it was drawn from)."""
     theory = np.asarray(theory, dtype=float).reshape(np.shape(theory)[0], -1)
     return int(np.isfinite(theory).any(axis=1).sum())
 
@@ -167,11 +171,13 @@ def _stop_after(seconds: float | None):
             timer.cancel()
 
 
-def audit_regime(name: str, config, chain_seconds: float | None = None) -> dict:
+def audit_regime(name: str, config, chain_seconds: float | None = None,
+                 arrays: str | None = None, extra: dict | None = None) -> dict:
     """Run ``config`` and audit its every line; the JSON record of the regime. The chain
     (with a progress line on stderr every ``LORADYN_PROGRESS_INTERVAL`` s) and the theory lines
     are timed apart; ``chain_seconds``: stop the chain after that long, at the checkpoints
-    reached, and audit those (the record's ``reached_step`` says where)."""
+    reached, and audit those (the record's ``reached_step`` says where); ``arrays``: save the
+    audited arrays there (.npz) for :func:`pool`; ``extra``: more fields of the record."""
     t0 = time.perf_counter()
     runner = start(config)
     with interruptible(keep=True), _stop_after(chain_seconds):
@@ -179,27 +185,74 @@ def audit_regime(name: str, config, chain_seconds: float | None = None) -> dict:
     t1 = time.perf_counter()
     traj = runner.trajectory()
     t2 = time.perf_counter()
-    seconds = t2 - t0
     reached = int(np.asarray(traj.steps)[-1]) if len(traj.steps) else 0
     print(f"{name}: chain {t1 - t0:.0f} s to step {reached} of {config.steps} "
           f"({config.runs * reached / max(t1 - t0, 1e-9):.3g} run-steps/s), theory lines "
           f"{t2 - t1:.0f} s", flush=True)
-    audits = audit_trajectory(traj)
-    hidden = not_drawn(audits)
+    pairs = {n: (np.asarray(array_of(traj, LINES[n].against), dtype=np.float64),
+                 np.asarray(array_of(traj, n), dtype=np.float64)) for n in audit_trajectory(traj)}
     inst = config.instance
-    rows = []
-    for line, audit in audits.items():
-        rows.append(audit.as_json() | {
-            "line": line, "starts": starts_of(traj, line), "not_drawn": line in hidden,
-            "passed": audit.passed})
-    missing = [n for n in LINES if n not in audits and array_of(traj, n) is not None]
-    return {"regime": name, "figure": REGIMES[name].figure, "what": REGIMES[name].what,
-            "d": inst["d"], "k": inst["k"], "xi": inst.get("xi", 1.0),
-            "activation": inst["activation"], "eta_times_d": config.eta * inst["d"],
-            "steps": config.steps, "reached_step": reached, "runs": config.runs,
-            "seconds": seconds, "chain_seconds": t1 - t0, "lines_seconds": t2 - t1,
-            "instance_seeds": config.instance_seeds,
-            "estimate": estimate(config), "lines": rows, "unaudited": missing}
+    record = {"regime": name, "figure": REGIMES[name].figure, "what": REGIMES[name].what,
+              "d": inst["d"], "k": inst["k"], "xi": inst.get("xi", 1.0),
+              "activation": inst["activation"], "eta_times_d": config.eta * inst["d"],
+              "steps": config.steps, "reached_step": reached, "runs": config.runs,
+              "seed": config.seed, "seconds": t2 - t0, "chain_seconds": t1 - t0,
+              "lines_seconds": t2 - t1, "instance_seeds": config.instance_seeds,
+              "estimate": estimate(config), "lines": audited_rows(traj.steps, pairs),
+              "unaudited": [n for n in LINES if n not in pairs and array_of(traj, n) is not None]
+              } | (extra or {})
+    if arrays:
+        np.savez_compressed(arrays, steps=np.asarray(traj.steps), meta=json.dumps(record),
+                            **{f"x:{n}": x for n, (x, _) in pairs.items()},
+                            **{f"theory:{n}": th for n, (_, th) in pairs.items()})
+    return record
+
+
+def audited_rows(steps, pairs: dict) -> list[dict]:
+    """The table rows of the lines ``pairs`` = {line: (SGD quantity, theory) (R, C, …)}:
+    :func:`~dynamics.overlays.audit.audit_line` (as ``audit_trajectory`` audits a file),
+    the starts each line was drawn from, and whether a figure leaves it out."""
+    audits = {n: audit_line(n, LINES[n], steps, x, th) for n, (x, th) in pairs.items()}
+    hidden = not_drawn(audits)
+    return [audit.as_json() | {"line": n, "starts": finite_rows(pairs[n][1]),
+                               "not_drawn": n in hidden, "passed": audit.passed}
+            for n, audit in audits.items()]
+
+
+POOLED_KEYS = ("regime", "d", "k", "xi", "activation", "eta_times_d", "steps")
+
+
+def pool(paths: list[str]) -> dict:
+    """One record from the arrays of several runs of the same regime (``--arrays``, other
+    ``--seed`` each, e.g. in parallel processes): their runs concatenated and audited as one
+    run of them all, over the checkpoints every shard reached."""
+    shards = []
+    for path in paths:
+        with np.load(path) as f:
+            shards.append({key: f[key] for key in f.files})
+    metas = [json.loads(str(s["meta"])) for s in shards]
+    for meta, path in zip(metas[1:], paths[1:], strict=True):
+        if any(meta[key] != metas[0][key] for key in POOLED_KEYS):
+            raise ValueError(f"{path} is not a run of the regime of {paths[0]} "
+                             f"({', '.join(POOLED_KEYS)} differ)")
+    seeds = [m["seed"] for m in metas]
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"shards of the same seed would repeat runs: seeds {seeds}")
+    count = min(s["steps"].size for s in shards)
+    steps = shards[0]["steps"][:count]
+    names = [n for n in (k.removeprefix("x:") for k in shards[0] if k.startswith("x:"))
+             if all(f"x:{n}" in s for s in shards)]
+    pairs = {n: tuple(np.concatenate([s[f"{part}:{n}"][:, :count] for s in shards])
+                      for part in ("x", "theory")) for n in names}
+    return metas[0] | {
+        "runs": sum(m["runs"] for m in metas), "reached_step": int(steps[-1]),
+        "seed": seeds, "shards": len(shards),
+        "seconds": max(m["seconds"] for m in metas),
+        "chain_seconds": max(m["chain_seconds"] for m in metas),
+        "lines_seconds": max(m["lines_seconds"] for m in metas),
+        "instance_seeds": f"{metas[0]['instance_seeds']} within each of {len(shards)} shards",
+        "lines": audited_rows(steps, pairs),
+        "unaudited": sorted(set().union(*(m["unaudited"] for m in metas)) - set(names))}
 
 
 def markdown(record: dict) -> list[str]:
@@ -250,10 +303,22 @@ def main(argv=None) -> None:
     ap.add_argument("--chain-seconds", type=float, default=None,
                     help="stop each chain after this many seconds, at the checkpoints reached, "
                          "and audit those (so that a time limit still leaves a record)")
+    ap.add_argument("--arrays", default=None, metavar="DIR",
+                    help="also save each regime's audited arrays as DIR/REGIME-seedS.npz")
+    ap.add_argument("--pool", nargs="+", default=None, metavar="NPZ",
+                    help="audit the runs of these saved arrays (one regime, other seeds) as "
+                         "one run of them all, and stop")
     ap.add_argument("--estimate", action="store_true", help="print the estimate and stop")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None)
     args = ap.parse_args(argv)
+    if args.pool:
+        try:
+            rec = pool(args.pool)
+        except (OSError, KeyError, ValueError) as exc:  # a missing, foreign or bad file
+            ap.error(f"--pool: {exc}")
+        _report([rec], markdown(rec), args.json, args.markdown)
+        return
     if args.line_budget is not None:
         finetune_overlay.CORRECTED_BUDGET_S = args.line_budget
         finetune_overlay.FINITE_XI_BUDGET_S = args.line_budget
@@ -276,20 +341,27 @@ def main(argv=None) -> None:
               "ODE from every start", flush=True)
     if args.estimate:
         return
+    if args.arrays:
+        os.makedirs(args.arrays, exist_ok=True)
     records, lines = [], []
     for n, cfg in configs.items():
-        rec = audit_regime(n, cfg, args.chain_seconds) | {
+        npz = os.path.join(args.arrays, f"{n}-seed{args.seed}.npz") if args.arrays else None
+        records.append(audit_regime(n, cfg, args.chain_seconds, npz, {
             "quick": args.quick, "d_mult": args.d_mult, "horizon": args.horizon,
-            "line_budget": args.line_budget, "device": args.device}
-        records.append(rec)
-        table = markdown(rec)
-        print("\n".join(table) + "\n", flush=True)
-        lines += table + [""]
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump(records, fh, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as fh:
+            "line_budget": args.line_budget, "device": args.device}))
+        lines += markdown(records[-1]) + [""]
+        _report(records, lines, args.json, args.markdown)
+
+
+def _report(records: list, lines: list, json_path: str | None, md_path: str | None) -> None:
+    """Print the last table; (re)write the JSON and markdown with every record so far."""
+    table = markdown(records[-1])
+    print("\n".join(table) + "\n", flush=True)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as fh:
+            json.dump(records, fh, indent=1)
+    if md_path:
+        with open(md_path, "w", encoding="utf-8") as fh:
             fh.write("\n".join(lines))
 
 

@@ -75,3 +75,49 @@ def test_the_chain_time_limit_must_be_positive(capsys):
         _script()["main"](["--quick", "--regimes", "fig5", "--chain-seconds", "0"])
     assert exc.value.code == 2
     assert "--chain-seconds must be > 0, got 0" in capsys.readouterr().err
+
+
+def test_shards_of_other_seeds_pool_into_one_audit_of_all_their_runs(tmp_path, monkeypatch,
+                                                                      capsys):
+    """``--arrays`` saves the audited arrays of a run; ``--pool`` audits the runs of several
+    (other seeds, e.g. parallel processes) as one: one shard alone gives back its own audit,
+    two give the paired statistic of their concatenated runs (recomputed here with numpy over
+    the common checkpoints), and a repeated seed or another regime is refused in one line."""
+    import json
+
+    import numpy as np
+
+    from dynamics.engines.engine import TEST_INTERRUPT_ENV
+
+    monkeypatch.setenv(TEST_INTERRUPT_ENV, "3")  # a short chain, whatever the machine's speed
+    main = _script()["main"]
+    records = []
+    for seed in (0, 1):
+        out = tmp_path / f"s{seed}.json"
+        main(["--quick", "--regimes", "fig5", "--runs", "8", "--shared-instance", "--seed",
+              str(seed), "--line-budget", "1", "--arrays", str(tmp_path), "--json", str(out)])
+        records.append(json.loads(out.read_text())[0])
+    shards = [str(tmp_path / f"fig5-seed{s}.npz") for s in (0, 1)]
+    alone = tmp_path / "alone.json"
+    main(["--pool", shards[0], "--json", str(alone)])
+    assert json.loads(alone.read_text())[0]["lines"] == records[0]["lines"]
+
+    both = tmp_path / "both.json"
+    main(["--pool", *shards, "--json", str(both)])
+    pooled = json.loads(both.read_text())[0]
+    assert pooled["runs"] == 16 and pooled["shards"] == 2 and pooled["seed"] == [0, 1]
+    files = [np.load(s) for s in shards]
+    count = min(f["steps"].size for f in files)
+    assert pooled["reached_step"] == int(files[0]["steps"][count - 1])
+    row = next(r for r in pooled["lines"] if r["line"] == "ode")
+    x = np.concatenate([np.abs(f["x:ode"][:, :count]) for f in files])
+    theory = np.concatenate([np.abs(f["theory:ode"][:, :count]) for f in files])
+    assert row["runs"] == 16
+    assert row["max_abs"] == pytest.approx(np.abs((x - theory).mean(axis=0)).max(), rel=1e-12)
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["--pool", shards[0], shards[0]])
+    assert exc.value.code == 2
+    assert "--pool: shards of the same seed would repeat runs: seeds [0, 0]" in \
+        capsys.readouterr().err
