@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
-# Issue 40's chain audits at the sizes a 2-core machine cannot reach (docs/theory/audit.md,
-# "At the full size and at 10× d"): benchmarks/chain_audit.py for every regime at the full
-# size and the cheap regimes at 10× the quick d, 1024 runs each, in parallel jobs on one GPU
-# machine (16 cores + 1 GPU): the GPU queues run the longest chains (numba-cuda, one thread a
-# run), the CPU queues the rest (NUMBA_NUM_THREADS each). Each job has its own time limit and
-# writes its own JSON and markdown as each regime ends; everything is packed into
-# $OUT/audit.tgz at the end.
-#   bash benchmarks/device_audit.sh                      # on the GPU machine (≈ 9 min)
-#   GPU=cpu RUNS=16 HORIZON=0.02 LIMIT=120 bash benchmarks/device_audit.sh   # plumbing check
+# Issue 40's chain audits at the paper's full sizes, on a machine with many cores (the GPU
+# machine's 16; docs/theory/audit.md, "At the full size"). 1024 runs of a regime are split
+# into SHARDS processes of RUNS/SHARDS runs (other seeds), one thread each, all at once; each
+# stops its chain after its share of LIMIT (--chain-seconds: what it reached is audited, so
+# a time limit still leaves a record) and leaves time for the theory lines from its every
+# start; then `chain_audit.py --pool` audits each regime's shards as one run of 1024.
+# One more job measures the chain on the GPU (numba-cuda, one thread a run) at 10× the quick d.
+# Everything is packed into $OUT/audit.tgz at the end.
+#   bash benchmarks/device_audit.sh                       # on the GPU machine (≈ 8.5 min)
+#   GPU=cpu RUNS=16 SHARDS=2 LIMIT=100 SIZE=--quick REGIMES="fig5 fig2-frozen" \
+#       bash benchmarks/device_audit.sh                   # plumbing check
+#
+# The time each regime's shard keeps for its theory lines (LINES_S, seconds) was measured on
+# the 2-core machine: the plain ODE costs 0.1–0.7 s a start, the costly lines their budget
+# (--line-budget) each; fig1-relu's k = 50 chain runs 1.7·10⁵ run-steps/s on one thread there.
 set -uo pipefail
 OUT=${OUT:-results/device_audit}
 GPU=${GPU:-cuda}
 RUNS=${RUNS:-1024}
-HORIZON=${HORIZON:-1.0}
-LIMIT=${LIMIT:-510}
+SHARDS=${SHARDS:-4}
+LIMIT=${LIMIT:-480}
+SIZE=${SIZE:-}
+REGIMES=${REGIMES:-fig1-relu fig6-he3 fig4-relu-xi1 fig5}
+LINE_BUDGET=${LINE_BUDGET:-20}
+declare -A LINES_S=([fig1-relu]=250 [fig6-he3]=170 [fig4-relu-xi1]=190 [fig5]=190
+                    [fig2-frozen]=90 [fig2-joint]=150 [fig3-finetune]=150 [fig4-he3-xi1]=190)
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 LORADYN_PROGRESS_INTERVAL=60
+export PYTHONPATH=$PWD
 if [ "$GPU" = cuda ]; then
   # numba-cuda still names np.row_stack, which numpy 2.5 removed (benchmarks/device_check.sh)
   mkdir -p /tmp/shim
@@ -24,42 +36,41 @@ if [ "$GPU" = cuda ]; then
       > /tmp/shim/sitecustomize.py
   export PYTHONPATH=/tmp/shim:$PWD
   { nvidia-smi -L; nproc; } > "$WORK/env.txt" 2>&1
-else
-  export PYTHONPATH=$PWD
 fi
 python3 -c "import sys, torch, numba, numpy; print(sys.version.split()[0], torch.__version__, numba.__version__, numpy.__version__)" >> "$WORK/env.txt" 2>&1
+audit() { NUMBA_NUM_THREADS=1 timeout "$LIMIT" python3 benchmarks/chain_audit.py "$@"; }
 
-# job NAME DEVICE THREADS "ARGS" REGIME...: the regimes one after another, each its own file
-job() {
-  local name=$1 device=$2 threads=$3 args=$4; shift 4
-  local start=$SECONDS
-  for regime in "$@"; do
-    local left=$((LIMIT - (SECONDS - start)))
-    if [ "$left" -le 5 ]; then echo "$regime: not started (time)" >> "$WORK/$name.log"; continue; fi
-    # shellcheck disable=SC2086
-    NUMBA_NUM_THREADS=$threads OMP_NUM_THREADS=1 timeout "$left" python3 benchmarks/chain_audit.py \
-        --regimes "$regime" --runs "$RUNS" --horizon "$HORIZON" --device "$device" $args \
-        --json "$WORK/$name-$regime.json" --markdown "$WORK/$name-$regime.md" \
-        >> "$WORK/$name.log" 2>&1
-    echo "$regime: rc=$? after $((SECONDS - start)) s" >> "$WORK/$name.log"
+per=$((RUNS / SHARDS))
+for regime in $REGIMES; do
+  chain=$((LIMIT - ${LINES_S[$regime]} - 10))
+  [ "$chain" -ge 10 ] || chain=10
+  for ((s = 0; s < SHARDS; s++)); do
+    audit --regimes "$regime" $SIZE --runs "$per" --seed "$s" --shared-instance \
+        --line-budget "$LINE_BUDGET" --chain-seconds "$chain" --arrays "$WORK/arrays" \
+        --json "$WORK/$regime-seed$s.json" > "$WORK/$regime-seed$s.log" 2>&1 &
   done
-}
-
-# the GPU (one thread a run; kernels of several processes share it in turn): the longest
-# chains. He₃ at ξ = 1 at the full size (1.2·10¹⁰ run-steps), then the 10× d cells
-job gpu1 "$GPU" 2 "--shared-instance" fig4-he3-xi1 &
-job gpu2 "$GPU" 2 "--quick --d-mult 10 --shared-instance" fig2-frozen fig2-joint &
-job gpu3 "$GPU" 2 "--quick --d-mult 10 --shared-instance" fig4-relu-xi1 &
-# the CPU: every other regime at the full size, the rest at 10× d, the quick leftovers, and
-# fig1-relu's corrected lines from ≥ 64 starts (a larger line budget)
-job cpu1 cpu 4 "--shared-instance" fig6-he3 &
-job cpu2 cpu 2 "--shared-instance" fig1-relu fig5 fig3-finetune &
-job cpu3 cpu 3 "--shared-instance" fig2-frozen fig2-joint &
-job cpu4 cpu 2 "--shared-instance" fig4-relu-xi1 &
-job cpu5 cpu 2 "--quick --d-mult 10 --shared-instance" fig5 fig3-finetune &
-job cpu6 cpu 1 "--quick --shared-instance --line-budget ${LINE_BUDGET:-330}" fig1-relu &
-job cpu7 cpu 1 "--quick --shared-instance" fig4-he3-xi1 fig6-he3 &
+done
+# the GPU: the per-run speed of the chain on numba-cuda (issue 40's 10× d) and its audit
+if [ "$GPU" = cuda ]; then
+  audit --regimes fig2-frozen --quick --d-mult 10 --runs "$RUNS" --shared-instance \
+      --device cuda --chain-seconds $((LIMIT - 120)) --json "$WORK/gpu-fig2-frozen-x10.json" \
+      --markdown "$WORK/gpu-fig2-frozen-x10.md" > "$WORK/gpu-fig2-frozen-x10.log" 2>&1 &
+fi
 wait
+for regime in $REGIMES; do
+  shards=$(ls "$WORK"/arrays/"$regime"-seed*.npz 2>/dev/null)
+  if [ -n "$shards" ]; then
+    # shellcheck disable=SC2086
+    python3 benchmarks/chain_audit.py --pool $shards --json "$WORK/pooled-$regime.json" \
+        --markdown "$WORK/pooled-$regime.md" > "$WORK/pooled-$regime.log" 2>&1
+  else
+    echo "$regime: no shard finished" > "$WORK/pooled-$regime.log"
+  fi
+done
+rm -rf "$WORK/arrays"
 tar czf "$OUT/audit.tgz" -C "$WORK" .
-ls -la "$WORK"
-tail -n 3 "$WORK"/*.log
+grep -h "chain [0-9]* s to step" "$WORK"/*.log
+for regime in $REGIMES; do
+  if [ -s "$WORK/pooled-$regime.md" ]; then cat "$WORK/pooled-$regime.md"; echo
+  else tail -n 2 "$WORK/pooled-$regime.log"; fi
+done
