@@ -4,8 +4,8 @@ R^d step (the paper's teacher and given rows, normalised and as they are) and au
 chain step against the explicit R^d step (``test_lora_ba_chain``'s check with these options);
 the chain's law against the full engine's by two-sample KS tests (d = 30 and 300), with a
 negative control; the cross-kernel loss against Monte Carlo and its gradient against central
-differences; the population flow with σ* against the mean of 256 chain runs; the refused flow on
-rows as they are (NaN, ``no_theory``) and Monte Carlo loss (y2's flow and exact loss:
+differences; the population flow with σ* against the mean of 256 chain runs; the refused flow of
+y2 on rows as they are (NaN, ``no_theory``) and Monte Carlo loss (y2's flow and exact loss:
 ``test_lora_ba_squared``); the defaults unchanged; bad input.
 """
 
@@ -223,11 +223,12 @@ def test_flow_follows_the_chain_mean(case):
 
 @pytest.mark.parametrize("options", [{"labels": "y2", "normalize_rows": False,
                                       "teacher_activation": "tanh"},
-                                     {"teacher_activation": "tanh", "normalize_rows": False,
+                                     {"labels": "y2", "normalize_rows": False,
                                       "base_norms": "1"}], ids=str)
 def test_no_flow_is_nan_with_its_reason(options):
-    """Where no flow applies (y² or σ* ≠ σ on rows as they are) the theory lines are NaN with
-    a ``no_theory`` attribute, and the loss is the fixed-set Monte Carlo."""
+    """Where no flow applies (y² on rows as they are; σ* ≠ σ there has one:
+    ``test_lora_ba_raw_teacher``) the theory lines are NaN with a ``no_theory`` attribute, and
+    the loss is the fixed-set Monte Carlo."""
     cfg = RunConfig(instance=SPEC, learner="lora-ba", runs=2, steps=20, eta=0.05,
                     engine="full", **options)
     tr = simulate(cfg)

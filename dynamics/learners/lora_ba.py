@@ -41,11 +41,12 @@ A separate teacher σ* (``teacher_activation``: f* = Σλᵢσ*(⟨vᵢ, x⟩), 
 squared labels (``labels`` = y2: y = f*² + label noise), on either path. With normalised rows
 the loss is exact and the flow drawn: labels y through the cross kernel E[σ*(z₁)σ(z₂)]
 (``hermite.flows.lora_ba.cross_kernel``), labels y2 through the three-field integrals
-E[σ*σ*σ] and E[f*⁴] (``hermite.flows.lora_ba_squared``); on rows as they are, labels y2 and
-σ* ≠ σ have no flow (NaN, a ``no_theory`` attribute) and the loss is a Monte Carlo average on
-a fixed set (:func:`monte_carlo_loss`). The finite-η·d line: normalised rows, labels y or y2
-(the paper's or given rows, any σ*). All options at their defaults: the paper's teacher,
-number for number.
+E[σ*σ*σ] and E[f*⁴] (``hermite.flows.lora_ba_squared``); on rows as they are, labels y with
+σ* ≠ σ through the cross pair integrals of rows of any norm (``hermite.committee.cross``),
+while labels y2 have no flow (NaN, a ``no_theory`` attribute) and the loss is a Monte Carlo
+average on a fixed set (:func:`monte_carlo_loss`). The finite-η·d line: normalised rows,
+labels y or y2 (the paper's or given rows, any σ*). All options at their defaults: the paper's
+teacher, number for number.
 """
 
 from __future__ import annotations
@@ -91,8 +92,6 @@ CORRECTED_RUNS = 64  # the finite-η·d line is drawn from at most this many run
 MC_POINTS, MC_SEED = 2**14, 39  # the Monte Carlo loss's fixed evaluation set (no exact loss)
 NO_FLOW_Y2 = ("no population flow for labels y2 with rows as they are (three-field integrals "
               "of rows of any norm not tabulated): not drawn")
-NO_FLOW_RAW = ("no population flow for a teacher σ* ≠ σ with rows as they are (no cross pair "
-               "integrals of rows of any norm): not drawn")
 
 
 @dataclass(frozen=True)
@@ -431,22 +430,18 @@ class LoRABA(Learner):
                                theory=theory, extra_attrs=attrs)
 
     def no_flow(self) -> str | None:
-        """Why the population flow does not apply (labels y2 or σ* ≠ σ on rows as they are),
-        None where it does."""
-        if self.normalize:
-            return None
-        if self.squared:
-            return NO_FLOW_Y2
-        return NO_FLOW_RAW if self.teacher is not None else None
+        """Why the population flow does not apply (labels y2 on rows as they are), None where
+        it does."""
+        return NO_FLOW_Y2 if self.squared and not self.normalize else None
 
     def geometry(self, inst, run: int):
         """The flow's geometry of run ``run`` (instance ``inst``): the instance itself (the
         paper's teacher, σ* = σ, labels y), else ``hermite.flows.lora_ba.BARowsGeometry`` of its
-        rows with the teacher's σ* and labels y2 (normalised rows; rows as they are keep σ and
-        labels y here)."""
+        rows with the teacher's σ* and labels y2 (labels y2: normalised rows; rows as they are
+        keep labels y here)."""
         from hermite.flows.lora_ba import BARowsGeometry, teacher_geometry
 
-        teacher = self.teacher_name if self.normalize else None
+        teacher = self.teacher_name
         squared = self.squared and self.normalize
         if self.rows is None:
             return inst if teacher is None and not squared else \
@@ -457,9 +452,10 @@ class LoRABA(Learner):
 
     def loss(self, insts, delta: np.ndarray) -> tuple[np.ndarray, str]:
         """((R, C) population loss E(f* − f̂)² of the rows W + Δ (no label noise), its kind):
-        exact (dual kernels; σ* ≠ σ: with the cross kernel, ``hermite.flows.lora_ba``; labels
-        y2: ``hermite.flows.lora_ba_squared``), or a Monte Carlo average
-        (:func:`monte_carlo_loss`) for labels y2 and for σ* ≠ σ on rows as they are."""
+        exact (dual kernels; σ* ≠ σ: with the cross kernel, or on rows as they are the cross
+        pair integrals, ``hermite.flows.lora_ba``; labels y2:
+        ``hermite.flows.lora_ba_squared``), or a Monte Carlo average (:func:`monte_carlo_loss`)
+        for labels y2 on rows as they are."""
         from hermite.flows.lora_ba import rows_loss as geometry_loss
 
         if self.teacher is None and not self.squared:

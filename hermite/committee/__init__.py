@@ -8,8 +8,9 @@ rows (the ``scratch`` learners' spherical step), squared and correlation (CSQ) l
 and second order in the step size (:mod:`.ode`). Around them: the flow on its free
 coordinates (:mod:`.free_coordinates`), its linearly stable fixed points
 (:mod:`.fixed_points`) and the first passage of a loss level with the plateau escape
-(:mod:`.first_passage`); SGD's step noise as a diffusion (:mod:`.diffusion`).
-Derivation: docs/theory/committee.md.
+(:mod:`.first_passage`); SGD's step noise as a diffusion (:mod:`.diffusion`). The pair
+integrals of a student σ against a teacher σ* ≠ σ (:mod:`.cross`; ``lora-ba``'s rows as they
+are). Derivation: docs/theory/committee.md.
 """
 
 from hermite.committee.first_passage import (

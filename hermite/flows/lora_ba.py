@@ -85,8 +85,17 @@ K×′(ρ) = E[σ*′(z₁)σ′(z₂)] (Price; :func:`cross_kernel`, a Chebyshe
 the paper's instance enters through :func:`teacher_geometry`. Squared labels (y = f*²,
 normalised rows, σ* = σ or not; :attr:`BARowsGeometry.squared`): F and the teacher's sum of
 ∂F/∂ĥⱼ from ``hermite.flows.lora_ba_squared`` (three-field Gaussian integrals E[σ*σ*σ],
-tabulated per teacher pair, and E[f*⁴]). Squared labels or σ* ≠ σ on rows as they are have no
-flow here (the learner records why).
+tabulated per teacher pair, and E[f*⁴]). Squared labels on rows as they are have no flow here
+(the learner records why).
+
+A teacher σ* ≠ σ on rows as they are (labels y): f* = Σᵢλᵢσ*(⟨w*ᵢ, x⟩), F = λᵀI₂*(W*W*ᵀ)λ +
+λᵀI₂(HHᵀ)λ − 2λᵀI₂×(HW*ᵀ)λ with the cross pair integral I₂× = E[σ(a)σ*(b)] (a = ⟨hⱼ, x⟩ the
+student's field, b = ⟨w*ᵢ, x⟩ the teacher's; ``hermite.committee.cross``), and the teacher's
+sum of ∂F/∂hⱼ by Stein's lemma with σ* in the second factor,
+
+    E[σ′(⟨h, x⟩)σ*(⟨g, x⟩) x] = h (P₂× − ⟨h, g⟩J₂×)/‖h‖² + g J₂×,                     (S×)
+
+P₂× = E[aσ′(a)σ*(b)], J₂× = E[σ′(a)σ*′(b)]; the student's sum stays (S).
 
 Torch-free; instances duck-typed as ``hermite.flows.linearized``'s.
 """
@@ -137,8 +146,6 @@ class BARowsGeometry:
         if self.teacher is not None:
             teacher = resolve_activation(self.teacher)
             object.__setattr__(self, "teacher", None if teacher == self.act else teacher)
-            if self.teacher is not None and not self.normalize:
-                raise ValueError("a teacher σ* ≠ σ has a flow for normalised rows only")
 
 
 def teacher_geometry(instance, teacher, squared: bool = False) -> BARowsGeometry:
@@ -217,12 +224,15 @@ def _stein_sum(ci, h, g, lam) -> np.ndarray:
 
 
 def _raw_row_gradient(geo: BARowsGeometry, h) -> np.ndarray:
-    """∂F/∂H of rows as they are (module docstring): −2λⱼ(Σᵢλᵢm(hⱼ, w*ᵢ) − Σᵢλᵢm(hⱼ, hᵢ))."""
+    """∂F/∂H of rows as they are (module docstring): −2λⱼ(Σᵢλᵢm(hⱼ, w*ᵢ) − Σᵢλᵢm(hⱼ, hᵢ)),
+    the teacher's m with the cross integrals P2×, J2× (a = ⟨hⱼ, x⟩, b = ⟨w*ᵢ, x⟩) of a σ*."""
     from hermite.committee import CommitteeIntegrals
+    from hermite.committee.cross import CrossIntegrals
 
     ci = CommitteeIntegrals(geo.act)
+    cross = ci if getattr(geo, "teacher", None) is None else CrossIntegrals(geo.act, geo.teacher)
     v = _padded(geo.v, h.shape[-1])
-    diff = _stein_sum(ci, h, v, geo.lam) - _stein_sum(ci, h, h, geo.lam)
+    diff = _stein_sum(cross, h, v, geo.lam) - _stein_sum(ci, h, h, geo.lam)
     return -2.0 * geo.lam[:, None] * diff
 
 
@@ -240,7 +250,7 @@ def rows_loss(geo: BARowsGeometry, delta) -> np.ndarray:
 
         return squared_loss(geo, h)
     v = _padded(geo.v, delta.shape[-1])
-    if geo.teacher is not None:  # unit rows, σ* ≠ σ: λᵀK*(VVᵀ)λ + λᵀK(ĤĤᵀ)λ − 2λᵀK×(VĤᵀ)λ
+    if geo.teacher is not None and geo.normalize:  # unit rows, σ* ≠ σ: F with K*, K and K×
         def form(kern):
             return np.einsum("i,...ij,j->...", geo.lam, kern, geo.lam)
 
@@ -251,12 +261,18 @@ def rows_loss(geo: BARowsGeometry, delta) -> np.ndarray:
             form(dual_kernel(geo.act, gram(h, h))) - \
             2.0 * form(cross_kernel(geo.teacher, geo.act, gram(v, h)))
     i2 = CommitteeIntegrals(geo.act).i2
+    i2_star, i2_cross = i2, i2
+    if geo.teacher is not None:  # rows as they are, σ* ≠ σ: I₂* and I₂× (a = hⱼ, b = w*ᵢ)
+        from hermite.committee.cross import CrossIntegrals
+
+        i2_star = CommitteeIntegrals(geo.teacher).i2
+        i2_cross = CrossIntegrals(geo.act, geo.teacher).i2
     lam = geo.lam
 
-    def quad(a, b):
-        return np.einsum("i,...ij,j->...", lam, i2(_pairs(a, b)), lam)
+    def quad(a, b, integral=i2):
+        return np.einsum("i,...ij,j->...", lam, integral(_pairs(a, b)), lam)
 
-    return quad(v[None], v[None])[0] + quad(h, h) - 2.0 * quad(h, v)
+    return quad(v[None], v[None], i2_star)[0] + quad(h, h) - 2.0 * quad(h, v, i2_cross)
 
 
 def row_gradient(instance, h) -> np.ndarray:
