@@ -56,8 +56,8 @@ from dynamics.randomness.sampling import resolve_device
 from sims.experiments.figures import FIGURES
 from sims.experiments.sweep_spec import parse_sweep
 
-CHAIN_RATE = 3e6  # run-steps/s of the reduced chain on 2 idle cores (the figure quoted by issue
-# 40; measured here under load: ≤ 0.9e6, docs/theory/audit.md "Against 1024 exact-chain runs")
+COSTS_MEASURED = ("one thread on the shared 2-core machine beside two other jobs, 32 runs at the "
+                  "quick size, eighth session (docs/theory/audit.md)")
 
 
 @dataclass(frozen=True)
@@ -69,23 +69,32 @@ class Regime:
     figure: str
     match: tuple
     what: str
+    rate_k: float
+    """k × the chain's run-steps/s (its step costs about ∝ k: fig1-relu's 4.0·10⁵ run-steps/s at
+    k = 20 predicts the 1.6·10⁵ measured at k = 50), :data:`COSTS_MEASURED`"""
+    lines_s: float
+    """seconds of theory lines per start, :data:`COSTS_MEASURED` (the plain ODE, and the costly
+    lines at a 5 s budget each spread over the 32 starts: an upper estimate)"""
 
 
 REGIMES = {
     "fig1-relu": Regime("fig1", (("activation", "relu"), ("xi_sqrt_k", 1.0)),
-                        "ReLU, ξ = √k, ĉ joint, û unprojected"),
+                        "ReLU, ξ = √k, ĉ joint, û unprojected", 20 * 3.98e5, 0.84),
     "fig6-he3": Regime("fig6", (("xi_sqrt_k", 4.0),),
-                       "He₃, ξ = 4√k (ξ²/d = 0.53 quick, 0.32 full), ĉ joint, unprojected"),
-    "fig2-frozen": Regime("fig2", (("joint_c", False),), "ReLU, ξ = 1, projected, ĉ frozen"),
-    "fig2-joint": Regime("fig2", (("joint_c", True),), "ReLU, ξ = 1, projected, ĉ joint"),
+                       "He₃, ξ = 4√k (ξ²/d = 0.53 quick, 0.32 full), ĉ joint, unprojected",
+                       10 * 1.16e6, 0.72),
+    "fig2-frozen": Regime("fig2", (("joint_c", False),), "ReLU, ξ = 1, projected, ĉ frozen",
+                          20 * 9.05e5, 0.28),
+    "fig2-joint": Regime("fig2", (("joint_c", True),), "ReLU, ξ = 1, projected, ĉ joint",
+                         20 * 7.71e5, 0.28),
     "fig3-finetune": Regime("fig3", (("learner", "finetune"),),
-                            "fine-tuning, ReLU, ξ = √k, ĉ joint, projected"),
+                            "fine-tuning, ReLU, ξ = √k, ĉ joint, projected", 20 * 8.26e5, 0.41),
     "fig4-relu-xi1": Regime("fig4", (("activation", "relu"), ("xi_sqrt_k", None)),
-                            "ReLU, ξ = 1, ĉ joint, û unprojected"),
+                            "ReLU, ξ = 1, ĉ joint, û unprojected", 20 * 5.22e5, 0.81),
     "fig4-he3-xi1": Regime("fig4", (("activation", "he3"), ("xi_sqrt_k", None)),
-                           "He₃, ξ = 1, ĉ joint, û unprojected"),
+                           "He₃, ξ = 1, ĉ joint, û unprojected", 20 * 3.89e5, 1.8),
     "fig5": Regime("fig5", (("u_alpha", 0.5), ("instance_seeds", "shared")),
-                   "ReLU, ξ = 1, ‖Π_W u‖ = 1/2, ĉ joint, unprojected"),
+                   "ReLU, ξ = 1, ‖Π_W u‖ = 1/2, ĉ joint, unprojected", 20 * 2.61e5, 0.16),
 }
 # fig4's ξ = √k ReLU cell is fig1's (a) cell: "fig1-relu" covers both. Fig. 3's linearized
 # learner (rank 1) has no exact chain ("only full_rank has an exact chain"): its lines are
@@ -140,12 +149,15 @@ def regime_config(name: str, quick: bool, runs: int, d_mult: int = 1,
     return parse_sweep(one).cells()[0].config
 
 
-def estimate(config) -> dict:
-    """Estimated seconds: the chain (runs × steps at ``CHAIN_RATE``) and the costly lines (at
-    most their budgets each, from as many starts as those allow)."""
-    chain = config.runs * config.steps / CHAIN_RATE
-    lines = finetune_overlay.CORRECTED_BUDGET_S + finetune_overlay.FINITE_XI_BUDGET_S
-    return {"run_steps": config.runs * config.steps, "chain_s": chain, "lines_max_s": lines}
+def estimate(name: str, config) -> dict:
+    """Estimated seconds on one thread (the costs of :data:`REGIMES`, :data:`COSTS_MEASURED`):
+    the chain, runs × steps at ``rate_k``/k, and the theory lines, ``lines_s`` per start plus
+    the costly lines' budgets (the house's or ``--line-budget``'s) beyond the 5 s measured."""
+    regime, k = REGIMES[name], config.instance["k"]
+    budgets = finetune_overlay.CORRECTED_BUDGET_S + finetune_overlay.FINITE_XI_BUDGET_S
+    return {"run_steps": config.runs * config.steps,
+            "chain_s": config.runs * config.steps * k / regime.rate_k,
+            "lines_s": config.runs * regime.lines_s + max(0.0, budgets - 10.0)}
 
 
 def finite_rows(theory) -> int:
@@ -198,7 +210,7 @@ def audit_regime(name: str, config, chain_seconds: float | None = None,
               "steps": config.steps, "reached_step": reached, "runs": config.runs,
               "seed": config.seed, "seconds": t2 - t0, "chain_seconds": t1 - t0,
               "lines_seconds": t2 - t1, "instance_seeds": config.instance_seeds,
-              "estimate": estimate(config), "lines": audited_rows(traj.steps, pairs),
+              "estimate": estimate(name, config), "lines": audited_rows(traj.steps, pairs),
               "unaudited": [n for n in LINES if n not in pairs and array_of(traj, n) is not None]
               } | (extra or {})
     if arrays:
@@ -334,11 +346,11 @@ def main(argv=None) -> None:
         ap.error(str(exc))
     configs = {n: dataclasses.replace(cfg, device=args.device) for n, cfg in configs.items()}
     for n, cfg in configs.items():
-        e = estimate(cfg)
-        print(f"{n}: d = {cfg.instance['d']}, {cfg.steps} steps × {cfg.runs} runs = "
-              f"{e['run_steps']:.3g} run-steps ≈ {e['chain_s']:.0f} s of chain at "
-              f"{CHAIN_RATE:.0e}/s, + ≤ {e['lines_max_s']:.0f} s of costly lines + the plain "
-              "ODE from every start", flush=True)
+        e = estimate(n, cfg)
+        print(f"{n}: d = {cfg.instance['d']}, k = {cfg.instance['k']}, {cfg.steps} steps × "
+              f"{cfg.runs} runs = {e['run_steps']:.3g} run-steps; on one thread ≈ "
+              f"{e['chain_s']:.0f} s of chain + {e['lines_s']:.0f} s of theory lines "
+              "(at the rates measured on the shared 2-core machine)", flush=True)
     if args.estimate:
         return
     if args.arrays:
