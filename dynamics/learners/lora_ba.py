@@ -89,6 +89,8 @@ CORRECTED_NOTE = ("finite-η·d flow (hermite.flows.lora_ba.corrected_flow): the
                   "plus the SGD noise of A's rest Gram, O(η·d) (here η·d = {eta_d:.3g}); rank "
                   "1: mean over B's noise kick at the escape (lora_ba_escape.kicked_overlap)")
 CORRECTED_RUNS = 64  # the finite-η·d line is drawn from at most this many runs' starts
+RANK_KICK = False  # rank r > 1: B's kick in the line (lora_ba_escape eq. (E)); off: it over-
+# corrects at d = 100 (docs/learners.md, lora-ba's kick at rank r)
 MC_POINTS, MC_SEED = 2**14, 39  # the Monte Carlo loss's fixed evaluation set (no exact loss)
 NO_FLOW_Y2 = ("no population flow for labels y2 with rows as they are (three-field integrals "
               "of rows of any norm not tabulated): not drawn")
@@ -478,14 +480,20 @@ class LoRABA(Learner):
     def corrected(self, result: RunResult) -> tuple[np.ndarray, dict] | None:
         """(overlap (R, C), attributes) of the finite-η·d flow (``hermite.flows.lora_ba``'s
         ``corrected_flow``; rank 1: ``lora_ba_escape.kicked_overlap``, the mean over B's noise
-        kick at the escape) of each run's :meth:`geometry` (given rows: t = dim span(W, W*)
-        for k + 1; a σ* enters the labels only; labels y2: y = f*² in E[ggᵀ], M's teacher
-        term through the three-field integrals' first derivatives, ``lora_ba_squared``) from
-        the first ``CORRECTED_RUNS`` runs' starts (NaN in the others); None where
+        kick at the escape; rank r > 1 where ``RANK_KICK``: its eq. (E), the flow read at the
+        kicks' shifts) of each run's :meth:`geometry` (given rows: t = dim span(W, W*) for
+        k + 1; a σ* enters the labels only; labels y2: y = f*² in E[ggᵀ], M's teacher term
+        through the three-field integrals' first derivatives, ``lora_ba_squared``) from the
+        first ``CORRECTED_RUNS`` runs' starts (NaN in the others); None where
         ``finite_d_theory`` is off, A frozen, rows as they are (gⱼ = δⱼ, Nⱼ = 1: neither
         E[ggᵀ] nor M is written for rows of any norm), or d ≤ t + r."""
         from hermite.flows.lora_ba import BANoise, corrected_flow
-        from hermite.flows.lora_ba_escape import kicked_overlap
+        from hermite.flows.lora_ba_escape import (
+            kick_grid,
+            kicked_overlap,
+            rank_kick_shifts,
+            read_kicked,
+        )
 
         config, rec, insts = result.config, result.records, result.instances
         runs, cps = len(insts), result.steps.size
@@ -513,14 +521,24 @@ class LoRABA(Learner):
                     direction = np.append(inst.u_w, inst.u_perp)
                 out[idx] = kicked_overlap(geo, b0, a0, times, noise, direction=direction, **kw)
                 continue
-            fl = corrected_flow(geo, b0, a0, times, noise, train_a=True, **kw)
+            # rank r > 1, RANK_KICK: the flow read at τ + δ over B's kicks (eq. (E))
+            shifts = rank_kick_shifts(geo, b0, a0, times, noise, **kw) if RANK_KICK else None
+            fine = times if shifts is None else kick_grid(times, shifts)
+            fl = corrected_flow(geo, b0, a0, fine, noise, train_a=True, **kw)
             if self.rows is None:
-                out[idx] = update_observables([inst] * idx.size, fl.b, fl.a, self.scale)[0]
+                curve = update_observables([inst] * idx.size, fl.b, fl.a, self.scale)[0]
             else:
                 part = BARows(*(getattr(self.rows, n)[idx] for n in
                                 ("w", "v", "u", "target", "lam")), self.rows.normalize)
-                out[idx] = rows_observables(part, fl.b, fl.a, self.scale)[0]
+                curve = rows_observables(part, fl.b, fl.a, self.scale)[0]
+            if shifts is None:
+                out[idx] = curve
+                continue
+            curve = np.where(np.linalg.norm(fl.b, axis=(-2, -1)) > 0, curve, 0.0)
+            out[idx] = read_kicked(times, fine, curve, shifts)
         note = CORRECTED_NOTE.format(eta_d=config.eta * insts[0].d)
+        if RANK_KICK and self.rank > 1:
+            note += "; rank r > 1: mean over B's kicks (lora_ba_escape, eq. (E))"
         if runs > CORRECTED_RUNS:
             note += f"; from the first {CORRECTED_RUNS} of {runs} runs' starts (NaN in the rest)"
         return out, {"note": note, "ode": "corrected"}
