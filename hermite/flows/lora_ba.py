@@ -362,10 +362,10 @@ def gradient_covariance(instance, b, a, scale: float, noise: BANoise) -> np.ndar
     y = star.fn(x @ v.T) @ geo.lam  # (S,)
     if getattr(geo, "squared", False):
         y = y * y
-    pre = np.einsum("sd,...kd->...sk", x, hh)
+    pre = np.swapaxes(hh @ x.T, -1, -2)  # (…, S, k): ⟨ĥₖ, xₛ⟩ (BLAS; einsum was 15× slower)
     err = y - act.fn(pre) @ geo.lam  # (…, S)
     dl = act.deriv(pre) * geo.lam * err[..., None]  # (…, S, k)
-    mom = np.einsum("...sk,...sl->...kl", dl, dl) / noise.samples
+    mom = np.swapaxes(dl, -1, -2) @ dl / noise.samples
     if noise.label_noise > 0:
         rho = np.clip(hh @ np.swapaxes(hh, -1, -2), -1.0, 1.0)
         mom = mom + noise.label_noise * geo.lam[:, None] * geo.lam[None, :] * \
