@@ -196,7 +196,7 @@ class PairTable:
             m = flat == bool(panel)
             if m.any():
                 c = np.moveaxis(self.coef[panel], 0, 1).reshape(nphi, 3 * nth)
-                out[m] = ((by[m] @ c).reshape(-1, 3, nth) * bx[m][:, None]).sum(-1)
+                out[m] = np.einsum("qpt,qt->qp", (by[m] @ c).reshape(-1, 3, nth), bx[m])
         return out.T.reshape((3,) + y.shape)
 
 
