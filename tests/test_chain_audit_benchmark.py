@@ -38,9 +38,11 @@ def test_a_chain_stopped_by_a_signal_is_audited_up_to_the_checkpoints_it_reached
     checkpoints only — the time limit of a long audit still leaves a record."""
     import json
 
-    from dynamics.engines.engine import TEST_INTERRUPT_ENV
+    from dynamics.engines import engine
 
-    monkeypatch.setenv(TEST_INTERRUPT_ENV, "3")  # past the first (short, timing) segments
+    # the hook counts the segments run in this process: from 0 here, whatever ran before
+    monkeypatch.setattr(engine, "_CHUNKS", [0])
+    monkeypatch.setenv(engine.TEST_INTERRUPT_ENV, "3")  # past the first (short) segments
     out = tmp_path / "audit.json"
     _script()["main"](["--quick", "--regimes", "fig5", "--runs", "8", "--shared-instance",
                        "--line-budget", "1", "--json", str(out)])
@@ -87,12 +89,13 @@ def test_shards_of_other_seeds_pool_into_one_audit_of_all_their_runs(tmp_path, m
 
     import numpy as np
 
-    from dynamics.engines.engine import TEST_INTERRUPT_ENV
+    from dynamics.engines import engine
 
-    monkeypatch.setenv(TEST_INTERRUPT_ENV, "3")  # a short chain, whatever the machine's speed
+    monkeypatch.setenv(engine.TEST_INTERRUPT_ENV, "3")  # a short chain, whatever the speed
     main = _script()["main"]
     records = []
     for seed in (0, 1):
+        monkeypatch.setattr(engine, "_CHUNKS", [0])  # the hook counts from 0 in each run
         out = tmp_path / f"s{seed}.json"
         main(["--quick", "--regimes", "fig5", "--runs", "8", "--shared-instance", "--seed",
               str(seed), "--line-budget", "1", "--arrays", str(tmp_path), "--json", str(out)])
@@ -106,7 +109,10 @@ def test_shards_of_other_seeds_pool_into_one_audit_of_all_their_runs(tmp_path, m
     main(["--pool", *shards, "--json", str(both)])
     pooled = json.loads(both.read_text())[0]
     assert pooled["runs"] == 16 and pooled["shards"] == 2 and pooled["seed"] == [0, 1]
-    files = [np.load(s) for s in shards]
+    files = []
+    for path in shards:
+        with np.load(path) as f:
+            files.append({key: f[key] for key in f.files})
     count = min(f["steps"].size for f in files)
     assert pooled["reached_step"] == int(files[0]["steps"][count - 1])
     row = next(r for r in pooled["lines"] if r["line"] == "ode")
